@@ -1,0 +1,67 @@
+"""The repository keeps its promises: layout, pins, the two commands."""
+import re
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pyproject_dependencies() -> list[str]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: read what pip installed from pyproject.toml
+        from importlib.metadata import requires
+        return [r for r in requires("labkit") if "extra ==" not in r]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def pyproject_pins(python_version: str) -> dict[str, str]:
+    deps = pyproject_dependencies()
+    pins = {}
+    for line in deps:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"python_version": python_version}):
+            pins[req.name] = str(req.specifier)
+    return pins
+
+
+def environment_yml() -> tuple[str, dict[str, str]]:
+    text = (ROOT / "environment.yml").read_text()
+    python = re.search(r"^\s*- python=(\d+\.\d+)\s*$", text, re.M).group(1)
+    pins = dict(re.findall(r"^\s+- ([A-Za-z0-9_.-]+)(==[^\s#]+)\s*$", text, re.M))
+    return python, pins
+
+
+def test_environment_yml_agrees_with_pyproject():
+    python, pins = environment_yml()
+    assert pins == pyproject_pins(python)
+
+
+def test_every_dependency_is_pinned_exactly():
+    for version in ("3.10", "3.11", "3.12", "3.13"):
+        pins = pyproject_pins(version)
+        assert pins["torch"] == "==2.13.0"
+        assert all(spec.startswith("==") for spec in pins.values()), pins
+        assert {"jupyterlab", "torch", "numpy", "matplotlib", "nbval", "ipywidgets", "safetensors", "tqdm",
+                "pytest", "hypothesis"} <= set(pins)
+
+
+def test_layout():
+    for name in ("notebooks", "labkit", "data", "tests", "benchmarks", "environment.yml", "pyproject.toml",
+                 "README.md", "Makefile", "CHANGELOG.md", ".ci/run", "benchmarks/RESULTS.md", "data/README.md"):
+        assert (ROOT / name).exists(), name
+
+
+def test_tests_mirror_labkit():
+    for module in (ROOT / "labkit").glob("*.py"):
+        if module.name not in ("__init__.py", "__main__.py"):
+            assert (ROOT / "tests" / f"test_{module.name}").exists(), f"no tests for labkit/{module.name}"
+
+
+def test_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert "make lab" in readme and "make test" in readme
+    assert "make test" in (ROOT / ".ci/run").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
