@@ -167,6 +167,17 @@ def _split_seed(seed: int, split: str, salt: int) -> int:
     return seed * 1_000_003 + SPLITS.index(split) * 7_919 + salt
 
 
+def kind_of(document: str) -> str:
+    """Which of DOC_KINDS a document (one line of the corpus) is."""
+    if document.startswith("kv: "):
+        return "recall"
+    if document.startswith("copy "):
+        return "copy"
+    if document[:1].isdigit():
+        return "arithmetic"
+    return "text"
+
+
 def make_tasks(kind: str, n: int, split: str = "test", seed: int = 0) -> list[Task]:
     """`n` tasks of one kind ("arithmetic", "recall" or "copy") from `split`, fixed by `seed`."""
     if kind not in TASK_KINDS:

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import data
-from .eval import perplexity, task_accuracy
 from .checkpoint import CHECKPOINT, load_pretrained, save_checkpoint
+from .eval import perplexity, task_accuracy
 from .model import TinyLM, TinyLMConfig, param_counts
 
 RECIPE = dict(steps=3200, batch_size=32, lr=2e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,

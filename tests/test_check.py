@@ -93,6 +93,11 @@ def test_difference_says_where(got, expected, words):
     assert check.difference(got, expected) == words
 
 
+def test_rerunning_the_check_on_the_reference_is_not_a_pass(capsys):
+    used, line = run(reference, capsys)
+    assert used is reference and line.startswith("[TODO] reference is the reference: run your exercise cell")
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="at least one fixed case"):
         check.exercise(reference, reference)

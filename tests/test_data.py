@@ -45,6 +45,15 @@ def test_corpus_bytes_are_the_same_on_every_machine():
 GOLDEN_TRAIN_SHA256 = "bf875231f5bbbcc6ceae41258ecc84bad7d1159df1ed053062f62c9fc1e03203"
 
 
+def test_kind_of_names_each_generated_kind():
+    for kind in data.TASK_KINDS:
+        assert all(data.kind_of(t.prompt + t.answer) == kind for t in data.make_tasks(kind, 50))
+    docs = [d for d, _ in zip(data.documents("val"), range(300))]
+    kinds = [data.kind_of(d) for d in docs]
+    assert set(kinds) == set(data.DOC_KINDS)
+    assert all(d[0].isupper() and d.rstrip().endswith(".") for d, k in zip(docs, kinds) if k == "text")
+
+
 def test_corpus_holds_every_document_kind():
     text = data.corpus("train", 50_000).decode()
     lines = text.split("\n")[:-1]
