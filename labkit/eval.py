@@ -25,6 +25,11 @@ def _as_tokens(tokens) -> torch.Tensor:
     return t.long()
 
 
+def _device(model) -> torch.device:
+    """Where the model's weights are (CPU or a GPU); inputs are moved there."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 @torch.no_grad()
 def perplexity(model, tokens, batch_size: int = 16) -> float:
     """exp(mean negative log-likelihood per predicted token), in nats -> perplexity (1 = perfect).
@@ -44,6 +49,7 @@ def perplexity(model, tokens, batch_size: int = 16) -> float:
         same = [w for w in group if w.numel() == group[0].numel()]
         rest = group[len(same):]
         for batch in ([torch.stack(same)] + [w[None] for w in rest]):
+            batch = batch.to(_device(model))
             logits = model(batch[:, :-1])
             if not torch.isfinite(logits).all():
                 raise ValueError("the model produced non-finite logits (NaN or inf): perplexity is undefined")
@@ -85,7 +91,7 @@ def task_correct(model, tasks: list[Task], batch_size: int = 64) -> list[bool]:
         for j, (p, a) in enumerate(seqs):
             s = (p + a)[:-1]
             batch[j, :len(s)] = torch.tensor(s)
-        logits = model(batch)
+        logits = model(batch.to(_device(model)))
         if not torch.isfinite(logits).all():
             raise ValueError("the model produced non-finite logits (NaN or inf): accuracy is undefined")
         pred = logits.argmax(-1)

@@ -187,7 +187,7 @@ class Attention(nn.Module):
         elif start == 0:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # a chunk after cached tokens: query i sits at position start + i
-            mask = torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
