@@ -35,3 +35,9 @@ def test_setup_checks_version(capsys):
         env.setup(min_version="latest")
     with pytest.raises(ValueError, match="seed must be an int in \\[0, 2\\*\\*32\\), got -1"):
         env.setup(seed=-1)
+
+
+def test_show_prints_the_reference_source(capsys):
+    labkit.show(env.total_memory_bytes)
+    out = capsys.readouterr().out
+    assert out.startswith("def total_memory_bytes() -> int | None:") and "SC_PHYS_PAGES" in out
