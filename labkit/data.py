@@ -169,6 +169,8 @@ def _split_seed(seed: int, split: str, salt: int) -> int:
 
 def kind_of(document: str) -> str:
     """Which of DOC_KINDS a document (one line of the corpus) is."""
+    if not isinstance(document, str):
+        raise TypeError(f"document must be a str, got {type(document).__name__}")
     if document.startswith("kv: "):
         return "recall"
     if document.startswith("copy "):
