@@ -1,0 +1,68 @@
+"""Layer offloading: which layers stay on the accelerator, and what the rest costs (notebook 02, section 7).
+
+`plan_device_map` places layers in order on the devices of `max_memory` (e.g. gpu, then cpu, then disk),
+the way accelerate's `infer_auto_device_map` does: on the first device it keeps room for the largest layer
+that ends up offloaded, because an offloaded layer is copied onto the first device to run.
+
+    layers  L0 L1 L2 L3 L4 L5 L6 L7          gpu: [L0 L1 L2 | room for max(L3..L7)]
+            gpu      | cpu       | disk       cpu: [L3 L4 L5]   disk: [L6 L7]
+
+`ngl_curve` is the llama.cpp `-ngl k` picture: k layers on the device, the rest offloaded, time per
+token from labkit.roofline.offload_time (stream: offloaded weights cross the link every token;
+split: the host computes its layers).
+"""
+
+from __future__ import annotations
+
+from .roofline import offload_time
+
+
+def plan_device_map(layer_bytes: dict[str, int], max_memory: dict[str, int]) -> dict[str, str]:
+    """layer name -> device name. Layers keep their order; each device is filled before the next. On the
+    first device, room for the largest layer placed elsewhere is kept free. ValueError if they do not fit."""
+    if not isinstance(layer_bytes, dict) or not layer_bytes:
+        raise ValueError(f"layer_bytes must be a non-empty dict name -> bytes, got {layer_bytes!r}")
+    if not isinstance(max_memory, dict) or not max_memory:
+        raise ValueError(f"max_memory must be a non-empty dict device -> bytes, got {max_memory!r}")
+    for what, d in (("layer_bytes", layer_bytes), ("max_memory", max_memory)):
+        for k, v in d.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{what}[{k!r}] must be a non-negative int (bytes), got {v!r}")
+    names, sizes = list(layer_bytes), list(layer_bytes.values())
+    devices, caps = list(max_memory), list(max_memory.values())
+    # first device: the longest prefix that fits together with the largest layer after it
+    k = 0
+    for j in range(len(names), -1, -1):
+        reserve = max(sizes[j:], default=0) if len(devices) > 1 else 0
+        if sum(sizes[:j]) + reserve <= caps[0]:
+            k = j
+            break
+    plan = {n: devices[0] for n in names[:k]}
+    dev, used = 1, 0
+    for n, s in zip(names[k:], sizes[k:]):
+        while dev < len(devices) and used + s > caps[dev]:
+            dev, used = dev + 1, 0
+        if dev == len(devices):
+            raise ValueError(f"layer {n!r} ({s} bytes) does not fit: max_memory {max_memory} is too small")
+        plan[n] = devices[dev]
+        used += s
+    return plan
+
+
+def ngl_curve(layer_bytes: list[int], device_bandwidth: float, link_bandwidth: float,
+              host_bandwidth: float | None = None, mode: str = "stream") -> list[dict]:
+    """For k = 0 .. len(layer_bytes): the first k layers on the device, the others offloaded; one dict per
+    k with "k", "resident_bytes" and offload_time's "time_s", "transfer_s", "transfer_share", ..."""
+    if not layer_bytes or any(not isinstance(b, int) or b < 0 for b in layer_bytes):
+        raise ValueError(f"layer_bytes must be a non-empty list of non-negative ints, got {layer_bytes!r}")
+    total, out = sum(layer_bytes), []
+    for k in range(len(layer_bytes) + 1):
+        resident = sum(layer_bytes[:k])
+        t = offload_time(resident, total - resident, device_bandwidth, link_bandwidth, host_bandwidth, mode)
+        out.append({"k": k, "resident_bytes": resident, **t})
+    return out
+
+
+def share_range(curve: list[dict], low: float = 0.3, high: float = 0.5) -> list[int]:
+    """The k of a ngl_curve whose transfer share lies in [low, high] (the "30-50%" claim's window)."""
+    return [c["k"] for c in curve if low <= c["transfer_share"] <= high]
