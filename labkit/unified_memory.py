@@ -27,7 +27,8 @@ Units: bytes, bytes/s, seconds. GiB = 2**30 bytes.
 
 from __future__ import annotations
 
-import heapq
+import numbers
+from array import array
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -66,11 +67,11 @@ class Allocation:
     name: str | None = None
 
 
-def _positive(name, value, kind=(int,), allow_zero=False):
+def _positive(name, value, kind=(numbers.Integral,), allow_zero=False):
     if not isinstance(value, kind) or isinstance(value, bool) or not np.isfinite(value) \
             or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} "
-                         f"{'int' if kind == (int,) else 'number'}, got {value!r}")
+                         f"{'int' if kind == (numbers.Integral,) else 'number'}, got {value!r}")
     return value
 
 
@@ -120,8 +121,8 @@ class UnifiedMemory:
         if prefetch not in PREFETCH:
             raise ValueError(f"prefetch must be one of {PREFETCH}, got {prefetch!r}")
         for name, v in (("link_bandwidth", link_bandwidth), ("device_bandwidth", device_bandwidth)):
-            _positive(name, v, (int, float))
-        _positive("fault_latency", fault_latency, (int, float), allow_zero=True)
+            _positive(name, v, (numbers.Real,))
+        _positive("fault_latency", fault_latency, (numbers.Real,), allow_zero=True)
         _positive("prefetch_pages", prefetch_pages)
         if not isinstance(density_threshold, (int, float)) or not 0 <= density_threshold < 1:
             raise ValueError(f"density_threshold must be a number in [0, 1), got {density_threshold!r}")
@@ -131,8 +132,8 @@ class UnifiedMemory:
                 or leaf_bytes % page_size:
             raise ValueError(f"leaf_bytes must be a multiple of page_size dividing block_bytes, got {leaf_bytes!r}")
         self.leaf_pages = leaf_bytes // page_size
-        self.page_size, self.eviction, self.prefetch = page_size, eviction, prefetch
-        self.device_pages, self.host_pages = device_bytes // page_size, host_bytes // page_size
+        self.page_size, self.eviction, self.prefetch = int(page_size), eviction, prefetch
+        self.device_pages, self.host_pages = int(device_bytes // page_size), int(host_bytes // page_size)
         self.link_bandwidth, self.fault_latency = float(link_bandwidth), float(fault_latency)
         self.device_bandwidth, self.prefetch_pages = float(device_bandwidth), prefetch_pages
         self.density_threshold, self.block_pages = float(density_threshold), block_bytes // page_size
@@ -143,19 +144,21 @@ class UnifiedMemory:
         self.frame = np.zeros(0, np.int64)        # device frame of a page (clock)
         self.alloc_end = np.zeros(0, np.int64)    # end page (exclusive) of the page's allocation
         self.frames = np.full(self.device_pages, -1, np.int64)  # page held by each device frame
-        self.free_frames = list(range(self.device_pages))       # a heap
+        self.frame_free = np.ones(self.device_pages, bool)      # frames below _free_hint are all taken
+        self.n_free, self._free_hint = self.device_pages, 0
         self.hand, self.tick, self.seq, self.next_page = 0, 0, 0, 0
         self.n_device = self.n_host = 0
         self.allocations: dict[int, Allocation] = {}
         self.stats = Stats()
-        self.fault_times: list[float] = []        # simulated time at which each fault started (s)
-        self.fault_busy: list[float] = []         # link-busy seconds of each fault
+        self.fault_times = array("d")             # simulated time at which each fault started (s)
+        self.fault_busy = array("d")              # link-busy seconds of each fault
         self._queue, self._queue_keys, self._qpos, self._protect = np.zeros(0, np.int64), None, 0, 0
 
     # ---- allocation -------------------------------------------------------------------------------
     def alloc(self, nbytes: int, name: str | None = None) -> Allocation:
         """Reserve ceil(nbytes / page_size) fresh virtual pages; MemoryError if the pool is too small."""
         _positive("nbytes", nbytes)
+        nbytes = int(nbytes)
         n = -(-nbytes // self.page_size)
         free = self.device_pages + self.host_pages - self.n_device - self.n_host
         if n > free:
@@ -180,8 +183,10 @@ class UnifiedMemory:
             raise ValueError(f"allocation must be a live Allocation of this pool, got {allocation!r}")
         pages = np.arange(allocation.first_page, allocation.first_page + allocation.num_pages)
         on_dev = pages[self.tier[pages] == DEVICE]
-        for f in self.frame[on_dev]:
-            heapq.heappush(self.free_frames, int(f))
+        if len(on_dev):
+            self.frame_free[self.frame[on_dev]] = True
+            self.n_free += len(on_dev)
+            self._free_hint = min(self._free_hint, int(self.frame[on_dev].min()))
         self.frames[self.frame[on_dev]] = -1
         self.n_device -= len(on_dev)
         self.n_host -= len(pages) - len(on_dev)
@@ -284,8 +289,8 @@ class UnifiedMemory:
         one go: fault i evicts the i-th smallest key among the pages resident before the run, exactly as
         one fault at a time would (the run's own pages get larger keys)."""
         r, s, ps = len(run), self.stats, self.page_size
-        nf = min(r, len(self.free_frames))
-        frames = np.array([heapq.heappop(self.free_frames) for _ in range(nf)], np.int64)
+        nf = min(r, self.n_free)
+        frames = self._pop_free(nf)
         self._protect = self.seq
         victims = self._min_key_victims(r - nf) if r > nf else np.zeros(0, np.int64)
         frames = np.concatenate([frames, self.frame[victims]])
@@ -323,12 +328,12 @@ class UnifiedMemory:
     # ---- migration and eviction -------------------------------------------------------------------
     def _load_one(self, p: int) -> None:
         """One faulted page to the device (scalar code: most faults move a single page)."""
-        if not self.free_frames and self.eviction == "clock":
+        if not self.n_free and self.eviction == "clock":
             self.stats.evictions += len(self._evict(1, np.array([p])))
             self.stats.migrations += 1
             return
-        if self.free_frames:
-            f = heapq.heappop(self.free_frames)
+        if self.n_free:
+            f = int(self._pop_free(1)[0])
             self.n_device += 1
             self.n_host -= 1
         else:
@@ -345,9 +350,9 @@ class UnifiedMemory:
         """Move `pages` (ascending, not on the device) to the device, evicting victims where it is full."""
         if not len(pages):
             return
-        n_free = min(len(pages), len(self.free_frames))
-        frames = [heapq.heappop(self.free_frames) for _ in range(n_free)]
-        self._place(pages[:n_free], np.array(frames, np.int64))
+        n_free = min(len(pages), self.n_free)
+        if n_free:
+            self._place(pages[:n_free], self._pop_free(n_free))
         rest = pages[n_free:]
         if len(rest):
             victims = self._evict(len(rest), rest) if self.eviction == "clock" else self._min_key_victims(len(rest))
@@ -356,6 +361,22 @@ class UnifiedMemory:
             self.stats.evictions += len(victims)
         if count:
             self.stats.migrations += len(pages)
+
+    def _pop_free(self, k: int) -> np.ndarray:
+        """The k lowest free device frames, now taken."""
+        out, got, pos = [], 0, self._free_hint
+        while got < k:
+            chunk = max(4 * (k - got), 1024)
+            found = np.flatnonzero(self.frame_free[pos:pos + chunk])[:k - got] + pos
+            out.append(found)
+            got += len(found)
+            pos += chunk
+        frames = np.concatenate(out) if out else np.zeros(0, np.int64)
+        self.frame_free[frames] = False
+        self.n_free -= k
+        if k:
+            self._free_hint = int(frames[-1]) + 1
+        return frames
 
     def _place(self, pages, frames, victims=None) -> None:
         if victims is not None:
