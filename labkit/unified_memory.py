@@ -22,7 +22,9 @@ Rules (the reference simulator in tests/test_unified_memory.py implements the sa
   * Time of one fault: fault_latency + (pages in + pages out) * page_size / link_bandwidth (seconds). Evicted
     pages are always written back (no dirty bits), faults are handled one at a time (no batching).
   * alloc() places new pages on the host while it has room, the rest on the device; free() drops them.
-Units: bytes, bytes/s, seconds. GiB = 2**30 bytes.
+Defaults: link 25 GB/s (PCIe 4.0 x16 is 31.5 GB/s per direction on paper, ~25 GB/s in practice), 30 us
+per fault (GPU fault handling takes tens of microseconds), device 2 TB/s (HBM class).
+Units: bytes, bytes/s, seconds. GB = 1e9 bytes, GiB = 2**30 bytes. Page movement: labkit/migration.py.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .migration import DEVICE, FREE, HOST, Migration  # noqa: F401
 from .memory_modes import MemoryMode, PoolConfig, configure_memory  # noqa: F401  (part of this API)
 
-FREE, HOST, DEVICE = -1, 0, 1
 EVICTION = ("lru", "clock", "fifo")
 PREFETCH = (None, "sequential", "density")
 
@@ -104,7 +106,7 @@ def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int
     return start, end
 
 
-class UnifiedMemory:
+class UnifiedMemory(Migration):
     """The pool. See the module docstring for the rules; `stats` holds the counters."""
 
     def __init__(self, device_bytes: int, host_bytes: int, page_size: int = 4096, eviction: str = "lru",
@@ -277,42 +279,6 @@ class UnifiedMemory:
         s.bytes_moved += moved * self.page_size
         s.time_s += self.fault_latency + busy
 
-    @staticmethod
-    def _distinct_prefix(run: np.ndarray) -> np.ndarray:
-        """The longest prefix of `run` without a repeated page."""
-        order = np.argsort(run, kind="stable")
-        again = order[1:][run[order[1:]] == run[order[:-1]]]
-        return run[:int(again.min())] if len(again) else run
-
-    def _fault_run(self, run: np.ndarray) -> None:
-        """Consecutive faults on distinct pages (no prefetch, LRU or FIFO, len(run) <= device_pages), in
-        one go: fault i evicts the i-th smallest key among the pages resident before the run, exactly as
-        one fault at a time would (the run's own pages get larger keys)."""
-        r, s, ps = len(run), self.stats, self.page_size
-        nf = min(r, self.n_free)
-        frames = self._pop_free(nf)
-        self._protect = self.seq
-        victims = self._min_key_victims(r - nf) if r > nf else np.zeros(0, np.int64)
-        frames = np.concatenate([frames, self.frame[victims]])
-        self.tier[victims] = HOST
-        self.tier[run] = DEVICE
-        self.frames[frames], self.frame[run] = run, frames
-        self.last_use[run] = np.arange(self.tick + 1, self.tick + r + 1)
-        self.loaded[run] = np.arange(self.seq, self.seq + r)
-        self.ref[run] = True
-        self.seq, self.tick = self.seq + r, self.tick + r
-        self.n_device += nf
-        self.n_host -= nf
-        busy = np.where(np.arange(r) < nf, 1, 2) * ps / self.link_bandwidth
-        starts = s.time_s + np.arange(r) * self.fault_latency + np.concatenate([[0.0], np.cumsum(busy)[:-1]])
-        self.fault_times.extend(starts.tolist())
-        self.fault_busy.extend(busy.tolist())
-        s.faults += r
-        s.migrations += r
-        s.evictions += r - nf
-        s.bytes_moved += (2 * r - nf) * ps
-        s.time_s = float(starts[-1] + self.fault_latency + busy[-1])
-
     def _prefetch_candidates(self, p: int) -> np.ndarray:
         if self.prefetch == "sequential":
             cand = np.arange(p + 1, min(p + 1 + self.prefetch_pages, int(self.alloc_end[p])))
@@ -324,126 +290,6 @@ class UnifiedMemory:
         else:
             return np.zeros(0, np.int64)
         return cand[(self.tier[cand] == HOST) & (cand != p)][:self.device_pages - 1]
-
-    # ---- migration and eviction -------------------------------------------------------------------
-    def _load_one(self, p: int) -> None:
-        """One faulted page to the device (scalar code: most faults move a single page)."""
-        if not self.n_free and self.eviction == "clock":
-            self.stats.evictions += len(self._evict(1, np.array([p])))
-            self.stats.migrations += 1
-            return
-        if self.n_free:
-            f = int(self._pop_free(1)[0])
-            self.n_device += 1
-            self.n_host -= 1
-        else:
-            v = int(self._min_key_victims(1)[0])
-            f = int(self.frame[v])
-            self.tier[v] = HOST
-            self.stats.evictions += 1
-        self.tier[p], self.frames[f], self.frame[p] = DEVICE, p, f
-        self.last_use[p], self.loaded[p], self.ref[p] = self.tick, self.seq, True
-        self.seq += 1
-        self.stats.migrations += 1
-
-    def _load(self, pages: np.ndarray, count: bool = True) -> None:
-        """Move `pages` (ascending, not on the device) to the device, evicting victims where it is full."""
-        if not len(pages):
-            return
-        n_free = min(len(pages), self.n_free)
-        if n_free:
-            self._place(pages[:n_free], self._pop_free(n_free))
-        rest = pages[n_free:]
-        if len(rest):
-            victims = self._evict(len(rest), rest) if self.eviction == "clock" else self._min_key_victims(len(rest))
-            if self.eviction != "clock":
-                self._place(rest, self.frame[victims].copy(), victims)
-            self.stats.evictions += len(victims)
-        if count:
-            self.stats.migrations += len(pages)
-
-    def _pop_free(self, k: int) -> np.ndarray:
-        """The k lowest free device frames, now taken."""
-        out, got, pos = [], 0, self._free_hint
-        while got < k:
-            chunk = max(4 * (k - got), 1024)
-            found = np.flatnonzero(self.frame_free[pos:pos + chunk])[:k - got] + pos
-            out.append(found)
-            got += len(found)
-            pos += chunk
-        frames = np.concatenate(out) if out else np.zeros(0, np.int64)
-        self.frame_free[frames] = False
-        self.n_free -= k
-        if k:
-            self._free_hint = int(frames[-1]) + 1
-        return frames
-
-    def _place(self, pages, frames, victims=None) -> None:
-        if victims is not None:
-            self.tier[victims] = HOST
-        was_host = int((self.tier[pages] == HOST).sum())
-        self.n_host += (0 if victims is None else len(victims)) - was_host
-        self.n_device += len(pages) - (0 if victims is None else len(victims))
-        self.tier[pages] = DEVICE
-        self.frames[frames] = pages
-        self.frame[pages] = frames
-        self.last_use[pages] = self.tick
-        self.loaded[pages] = np.arange(self.seq, self.seq + len(pages))
-        self.seq += len(pages)
-        self.ref[pages] = True
-
-    def _min_key_victims(self, k: int) -> np.ndarray:
-        """LRU / FIFO: the k smallest keys among unprotected device pages, from a lazily rebuilt queue.
-        The queue holds the smallest keys at build time; keys only grow, so a queued page whose key is
-        unchanged is still smaller than every page outside the queue."""
-        key = self.last_use if self.eviction == "lru" else self.loaded
-        out, got = [], 0
-        while got < k:
-            if self._qpos >= len(self._queue):
-                self._build_queue(key, k)
-                if out:  # pages picked before the rebuild are still on the device: not twice
-                    keep = ~np.isin(self._queue, np.concatenate(out))
-                    self._queue, self._queue_keys = self._queue[keep], self._queue_keys[keep]
-            end = self._qpos + max(64, 2 * (k - got))
-            q, qk = self._queue[self._qpos:end], self._queue_keys[self._qpos:end]
-            ok = (self.tier[q] == DEVICE) & (key[q] == qk) & (self.loaded[q] < self._protect)
-            take = np.flatnonzero(ok)[:k - got]
-            out.append(q[take])
-            got += len(take)
-            self._qpos += int(take[-1]) + 1 if got == k else len(q)
-        return np.concatenate(out)
-
-    def _build_queue(self, key: np.ndarray, need: int) -> None:
-        res = np.flatnonzero(self.tier[:self.next_page] == DEVICE)
-        res = res[self.loaded[res] < self._protect]
-        if not len(res):
-            raise RuntimeError("no page can be evicted")  # unreachable: prefetch is capped below capacity
-        keys = key[res]
-        m = min(len(res), max(2 * need, 256, len(res) // 8))  # need >= pages still wanted + picked
-        kth = np.partition(keys, m - 1)[m - 1]
-        sel = res[keys <= kth]
-        sel = sel[np.lexsort((sel, key[sel]))]
-        self._queue, self._queue_keys, self._qpos = sel, key[sel].copy(), 0
-
-    def _evict(self, k: int, new_pages: np.ndarray) -> np.ndarray:
-        """Clock (second chance): sweep from the hand, clearing ref bits, skipping pages loaded by this
-        fault; each victim's frame takes the next new page at once."""
-        n, out, placed = self.device_pages, [], 0
-        while placed < k:
-            idx = (self.hand + np.arange(min(n, max(64, 2 * (k - placed))))) % n
-            pg = self.frames[idx]
-            eligible = self.loaded[pg] < self._protect
-            cand = np.flatnonzero(eligible & ~self.ref[pg])[:k - placed]
-            last = int(cand[-1]) if len(cand) == k - placed else len(idx) - 1
-            passed = pg[:last + 1]
-            self.ref[passed[eligible[:last + 1]]] = False
-            self.hand = int(idx[last] + 1) % n
-            if len(cand):
-                victims = pg[cand]
-                self._place(new_pages[placed:placed + len(cand)], idx[cand], victims)
-                out.append(victims)
-                placed += len(cand)
-        return np.concatenate(out)
 
     # ---- views ------------------------------------------------------------------------------------
     def where(self, pages) -> np.ndarray:
