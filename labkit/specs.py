@@ -186,5 +186,5 @@ def device(name: str) -> DeviceSpec:
 
 
 def device_names(kind: str | None = None) -> list[str]:
-    """Names of the devices in data/hardware.json, optionally only one kind ("gpu", "soc", "link")."""
+    """Names of the devices in data/hardware.json, optionally only one kind ("gpu", "soc", "host", "link")."""
     return [n for n, d in _devices().items() if kind is None or d.kind == kind]
