@@ -5,9 +5,10 @@ Used by notebook 01_memory_wall (the footprint calculator). Units: bytes; GB = 1
 
 from __future__ import annotations
 
+import math
 import numbers
 
-from .roofline import decode_ceiling, weight_bytes
+from .roofline import _positive, decode_ceiling, weight_bytes
 from .specs import ModelSpec
 
 # Bits per weight as stored, scales and zero points included (one fp16 scale, and for asymmetric formats
@@ -37,7 +38,11 @@ def bits_of(precision: str | float) -> float:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {list(PRECISIONS)} or a number of bits, got {precision!r}")
         return PRECISIONS[precision]
-    weight_bytes(1, precision)  # validates: a real number in (0, 32]
+    try:
+        weight_bytes(1, precision)  # a real number in (0, 32]
+    except (TypeError, ValueError):
+        raise ValueError(f"precision must be one of {list(PRECISIONS)} or a number of bits in (0, 32], "
+                         f"got {precision!r}") from None
     return float(precision)
 
 
@@ -51,9 +56,10 @@ def activation_bytes(spec: ModelSpec, batch: int, seq_len: int, bytes_per_elemen
     An estimate: TinyLM's own forward pass peaks within 25% of it (tests/test_footprint.py follows its live
     tensors); rotary and grouped-query temporaries in attention make up the difference."""
     batch, seq_len = _count("batch", batch), _count("seq_len", seq_len)
+    element = _positive("bytes_per_element", bytes_per_element)
     wide = 3 if spec.mlp == "swiglu" else 2
     per_token = 2 * spec.d_model + wide * spec.d_ff
-    return int(batch * seq_len * per_token * weight_bytes(1, 8 * bytes_per_element))
+    return math.ceil(batch * seq_len * per_token * element)
 
 
 def footprint(spec: ModelSpec, precision: str | float = "bf16", batch: int = 1, context: int = 2048,
@@ -74,17 +80,33 @@ def footprint(spec: ModelSpec, precision: str | float = "bf16", batch: int = 1, 
 
 
 def params_read(spec: ModelSpec, batch: int = 1) -> float:
-    """Parameters read from memory in one decode step of `batch` sequences.
+    """Parameters read from memory in one decode step of `batch` sequences (one new token each).
 
-    A dense model reads every weight once per step, whatever the batch. A mixture of experts reads only the
-    experts its tokens were routed to: with routing spread evenly, one layer touches on average
-    n_experts * (1 - (1 - k / n_experts) ** batch) distinct experts (k = experts_per_token), so the saving
-    fades as the batch grows."""
+    A dense model reads every weight matrix once per step, whatever the batch; of an input embedding table
+    that is not tied to the output layer (and of learned position embeddings) it reads only the rows of the
+    batch's tokens. A mixture of experts reads only the experts its tokens were routed to: if each token
+    picks its k = experts_per_token experts uniformly and independently of the other tokens, one layer
+    touches on average n_experts * (1 - (1 - k / n_experts) ** batch) distinct experts, so the saving fades
+    as the batch grows."""
     batch = _count("batch", batch)
     idle_share = (1 - spec.experts_per_token / spec.n_experts) ** batch
     experts_read = spec.n_experts * (1 - idle_share)
     expert = spec.counts()["expert_mlp"]
-    return spec.n_params - spec.n_layers * (spec.n_experts - experts_read) * expert
+    rows_unread = spec.positions - min(batch, spec.positions)
+    if not spec.tied_embeddings:
+        rows_unread += spec.vocab_size - min(batch, spec.vocab_size)
+    return spec.n_params - spec.n_layers * (spec.n_experts - experts_read) * expert - rows_unread * spec.d_model
+
+
+def decode_flops_per_step(spec: ModelSpec, batch: int = 1, context: int = 2048) -> float:
+    """FLOP of one decode step: 2 per weight a token multiplies (its active matrices; looking up an embedding
+    row and normalizing are not counted, biases are counted as weights) plus attention over `context` cached
+    tokens, 4 x layers x context x n_heads x head_dim per token (scores q.k and the weighted sum of values)."""
+    batch, context = _count("batch", batch), _count("context", context)
+    lookups = spec.positions + (0 if spec.tied_embeddings else spec.vocab_size)
+    matmul = 2 * (spec.active_params - lookups * spec.d_model - spec.counts()["norm"])
+    attention = 4 * spec.n_layers * context * spec.n_heads * spec.head_dim
+    return batch * (matmul + attention)
 
 
 def decode_bytes_per_step(spec: ModelSpec, precision: str | float = "bf16", batch: int = 1, context: int = 2048,
@@ -97,8 +119,12 @@ def decode_bytes_per_step(spec: ModelSpec, precision: str | float = "bf16", batc
 
 
 def decode_tokens_per_s(spec: ModelSpec, precision: str | float, batch: int, context: int, bandwidth: float,
-                        kv_bytes_per_element: float = 2) -> float:
-    """Ceiling on decoding throughput in tokens/s (all sequences together): every step makes one token per
-    sequence and cannot take less than decode_bytes_per_step / bandwidth seconds."""
-    step = decode_bytes_per_step(spec, precision, batch, context, kv_bytes_per_element)
-    return batch * decode_ceiling(step, bandwidth)
+                        kv_bytes_per_element: float = 2, peak_flops: float | None = None) -> float:
+    """Ceiling on decoding throughput in tokens/s (all sequences together). Every step makes one token per
+    sequence and takes at least decode_bytes_per_step / bandwidth seconds, and, when `peak_flops` (FLOP/s)
+    is given, at least decode_flops_per_step / peak_flops: large batches reach the compute roof."""
+    seconds = decode_ceiling(decode_bytes_per_step(spec, precision, batch, context, kv_bytes_per_element),
+                             bandwidth) ** -1
+    if peak_flops is not None:
+        seconds = max(seconds, decode_flops_per_step(spec, batch, context) / _positive("peak_flops", peak_flops))
+    return batch / seconds

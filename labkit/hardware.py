@@ -33,8 +33,8 @@ def _check_count(name: str, value, minimum: int) -> int:
 
 
 def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress: bool = True) -> dict:
-    """Main-memory bandwidth in bytes/s, on float32 arrays of `nbytes` bytes (default 256 MiB, far larger
-    than any CPU cache):
+    """Main-memory bandwidth in bytes/s, on float32 arrays of `nbytes` bytes (default 256 MiB, larger than
+    the caches of laptop, desktop and most server CPUs):
 
       read:          `np.sum(a)` on one core, bytes read / time
       copy:          `np.copyto(b, a)` on one core, (bytes read + bytes written) / time (STREAM's convention)
@@ -110,7 +110,7 @@ def measure_link_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress
 def measure_gemv(rows: int = 4096, cols: int = 4096, n_matrices: int = 8, dtype: torch.dtype = torch.float32,
                  repeats: int = 5, progress: bool = True) -> dict:
     """Batch-1 decoding in miniature: y = W x for `n_matrices` distinct [rows, cols] weights in turn (by
-    default 8 x 64 MiB in FP32, more than any CPU cache holds, so every weight really comes from memory).
+    default 8 x 64 MiB in FP32, more than common CPU caches hold, so every weight comes from memory).
     Returns seconds per matrix-vector product and the effective rates: {"seconds", "bytes_per_s"
     (weight bytes / time), "flops_per_s" (2 rows cols / time), "intensity" (FLOP/byte), "weight_bytes"}."""
     for name, v, lo in (("rows", rows, 1), ("cols", cols, 1), ("n_matrices", n_matrices, 1),

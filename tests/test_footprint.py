@@ -62,7 +62,7 @@ def test_precisions_count_scales_as_llama_cpp_blocks_do():
 
 
 @pytest.mark.parametrize("kwargs,match", [({"precision": "int3"}, "precision must be one of"),
-                                          ({"precision": 40}, "bits_per_weight"),
+                                          ({"precision": 40}, "precision must be"),
                                           ({"batch": 0}, "batch"), ({"context": -1}, "context"),
                                           ({"kv_bytes_per_element": 0}, "bytes_per_element")])
 def test_footprint_refuses_bad_input(kwargs, match):
@@ -70,15 +70,37 @@ def test_footprint_refuses_bad_input(kwargs, match):
         fp.footprint(specs.model("llama-2-7b"), **kwargs)
 
 
-def test_dense_models_read_every_weight_once_per_step_whatever_the_batch():
-    m = specs.model("llama-3-8b")
-    assert fp.params_read(m, 1) == fp.params_read(m, 64) == m.n_params
+def test_dense_models_read_every_weight_matrix_once_per_step_but_only_the_batchs_embedding_rows():
+    m = specs.model("llama-3-8b")  # untied: the input table is looked up, the output layer multiplied
+    assert fp.params_read(m, 1) == m.n_params - (m.vocab_size - 1) * m.d_model
+    assert fp.params_read(m, 64) - fp.params_read(m, 1) == 63 * m.d_model
+    g3 = specs.model("gpt3-175b")  # tied, with learned positions
+    assert fp.params_read(g3, 1) == g3.n_params - (g3.positions - 1) * g3.d_model
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_flops_agree_with_torchs_flop_counter_on_a_tinylm(tied):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labkit.model import KVCache
+    cfg = TinyLMConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96, max_seq_len=64,
+                       tie_embeddings=tied)
+    model = TinyLM(cfg).eval()
+    spec = specs.ModelSpec("t", 2, 64, 4, 2, 96, 64, 64, tied_embeddings=tied)
+    with torch.no_grad():
+        cache = KVCache(cfg, 3, 64)
+        model(torch.zeros(3, 20, dtype=torch.long), cache)
+        with FlopCounterMode(display=False) as counter:
+            model(torch.zeros(3, 1, dtype=torch.long), cache)
+    attention = 3 * 4 * cfg.n_layers * 21 * cfg.n_heads * cfg.head_dim  # torch does not count CPU attention
+    assert fp.decode_flops_per_step(spec, batch=3, context=21) - attention == counter.get_total_flops()
 
 
 def test_moe_reads_the_active_experts_at_batch_1_and_tends_to_all_of_them():
     m = specs.model("mixtral-8x7b")
-    assert fp.params_read(m, 1) == pytest.approx(m.active_params, rel=1e-12)
-    assert fp.params_read(m, 1000) == pytest.approx(m.n_params, rel=1e-9)
+    rows = m.vocab_size * m.d_model  # the input embedding table: one row per token is read
+    assert fp.params_read(m, 1) == pytest.approx(m.active_params - rows + m.d_model, rel=1e-12)
+    assert fp.params_read(m, 1000) == pytest.approx(m.n_params - rows + 1000 * m.d_model, rel=1e-9)
 
 
 def test_expected_experts_read_agree_with_simulated_routing():
@@ -89,7 +111,7 @@ def test_expected_experts_read_agree_with_simulated_routing():
     for batch in (1, 2, 4, 16):
         picks = torch.rand(20000, batch, 8, generator=g).argsort(-1)[..., :2]  # [trials, batch, 2]
         touched = torch.zeros(20000, 8).scatter_(1, picks.flatten(1), 1).sum(1).mean().item()
-        simulated = m.n_params - m.n_layers * (8 - touched) * expert
+        simulated = m.n_params - m.n_layers * (8 - touched) * expert - (m.vocab_size - batch) * m.d_model
         assert fp.params_read(m, batch) == pytest.approx(simulated, rel=5e-3)
 
 
@@ -97,7 +119,25 @@ def test_decode_ceiling_of_llama_2_70b_in_fp16_on_one_h200():
     m, h200 = specs.model("llama-2-70b"), specs.device("h200")
     # batch 1, 4,096 tokens of context: 137.95 GB of weights + 1.34 GB of KV cache per token step
     step = fp.decode_bytes_per_step(m, "fp16", 1, 4096)
-    assert step == 68_976_648_192 * 2 + 4096 * 80 * 8 * 128 * 2 * 2
+    assert step == (68_976_648_192 - 31999 * 8192) * 2 + 4096 * 80 * 8 * 128 * 2 * 2
     assert fp.decode_tokens_per_s(m, "fp16", 1, 4096, h200.bandwidth) == pytest.approx(4.8e12 / step)
     # batching multiplies the ceiling until the KV cache dominates the bytes read
     assert fp.decode_tokens_per_s(m, "fp16", 16, 4096, h200.bandwidth) > 10 * 4.8e12 / step
+
+
+def test_large_batches_hit_the_compute_roof():
+    m, h200 = specs.model("llama-2-70b"), specs.device("h200")
+    memory_only = fp.decode_tokens_per_s(m, "bf16", 256, 128, h200.bandwidth)
+    with_compute = fp.decode_tokens_per_s(m, "bf16", 256, 128, h200.bandwidth, peak_flops=h200.peak_flops["bf16"])
+    assert with_compute == pytest.approx(256 * h200.peak_flops["bf16"] / fp.decode_flops_per_step(m, 256, 128))
+    assert with_compute < memory_only
+    # at batch 1 the compute roof is far away: both agree
+    assert fp.decode_tokens_per_s(m, "bf16", 1, 128, h200.bandwidth, peak_flops=h200.peak_flops["bf16"]) == \
+        fp.decode_tokens_per_s(m, "bf16", 1, 128, h200.bandwidth)
+
+
+def test_bad_element_sizes_and_precisions_are_named():
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        fp.activation_bytes(specs.model("llama-2-7b"), 1, 16, bytes_per_element=-2)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        fp.bits_of(64)
