@@ -33,24 +33,29 @@ def _check_count(name: str, value, minimum: int) -> int:
 
 
 def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress: bool = True) -> dict:
-    """Main-memory bandwidth of one core, in bytes/s, with numpy on float32 arrays of `nbytes` bytes
-    (default 256 MiB, far larger than any CPU cache):
+    """Main-memory bandwidth in bytes/s, on float32 arrays of `nbytes` bytes (default 256 MiB, larger than
+    the caches of laptop, desktop and most server CPUs):
 
-      read: `np.sum(a)`, bytes read / time
-      copy: `np.copyto(b, a)`, (bytes read + bytes written) / time, the STREAM convention
+      read:          `np.sum(a)` on one core, bytes read / time
+      copy:          `np.copyto(b, a)` on one core, (bytes read + bytes written) / time (STREAM's convention)
+      read_threads:  torch's `a.sum()` with every thread torch uses: what a model's forward pass can draw
 
+    One core often cannot saturate the memory bus; `read_threads` is the figure for decode ceilings.
     Both arrays are written once before timing, so first-touch page faults are not counted. Each figure is
-    the best of `repeats` runs. Returns {"read", "copy", "array_bytes", "repeats"}."""
+    the best of `repeats` runs. Returns {"read", "copy", "read_threads", "threads", "array_bytes",
+    "repeats"}."""
     _check_count("nbytes", nbytes, 2**20)
     _check_count("repeats", repeats, 1)
     n = nbytes // 4
     a = np.ones(n, dtype=np.float32)
     b = np.zeros(n, dtype=np.float32)
-    with tqdm(total=2 * repeats, desc="bandwidth", disable=not progress) as bar:
+    t = torch.from_numpy(a)  # the same memory, no copy
+    with tqdm(total=3 * repeats, desc="bandwidth", disable=not progress) as bar:
         read_s = _best_time(lambda: np.sum(a), repeats, bar)
         copy_s = _best_time(lambda: np.copyto(b, a), repeats, bar)
-    return {"read": a.nbytes / read_s, "copy": 2 * a.nbytes / copy_s, "array_bytes": a.nbytes,
-            "repeats": repeats}
+        threads_s = _best_time(lambda: t.sum(), repeats, bar)
+    return {"read": a.nbytes / read_s, "copy": 2 * a.nbytes / copy_s, "read_threads": a.nbytes / threads_s,
+            "threads": torch.get_num_threads(), "array_bytes": a.nbytes, "repeats": repeats}
 
 
 def measure_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5,
@@ -100,3 +105,59 @@ def measure_link_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress
             copy()
             out[kind] = nbytes / _best_time(copy, repeats, bar)
     return out
+
+
+def measure_gemv(rows: int = 4096, cols: int = 4096, n_matrices: int = 8, dtype: torch.dtype = torch.float32,
+                 repeats: int = 5, progress: bool = True) -> dict:
+    """Batch-1 decoding in miniature: y = W x for `n_matrices` distinct [rows, cols] weights in turn (by
+    default 8 x 64 MiB in FP32, more than common CPU caches hold, so every weight comes from memory).
+    Returns seconds per matrix-vector product and the effective rates: {"seconds", "bytes_per_s"
+    (weight bytes / time), "flops_per_s" (2 rows cols / time), "intensity" (FLOP/byte), "weight_bytes"}."""
+    for name, v, lo in (("rows", rows, 1), ("cols", cols, 1), ("n_matrices", n_matrices, 1),
+                        ("repeats", repeats, 1)):
+        _check_count(name, v, lo)
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype!r}")
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(rows, cols, generator=g).to(dtype) for _ in range(n_matrices)]
+    x = torch.randn(1, cols, generator=g).to(dtype)
+
+    def sweep():
+        for w in weights:
+            torch.nn.functional.linear(x, w)
+
+    sweep()
+    with tqdm(total=repeats, desc="matrix-vector", disable=not progress) as bar:
+        seconds = _best_time(sweep, repeats, bar) / n_matrices
+    nbytes = weights[0].nbytes
+    return {"seconds": seconds, "bytes_per_s": nbytes / seconds, "flops_per_s": 2 * rows * cols / seconds,
+            "intensity": 2 * rows * cols / nbytes, "weight_bytes": nbytes}
+
+
+@torch.no_grad()
+def measure_decode(model, prompt_len: int = 64, new_tokens: int = 64, repeats: int = 3) -> dict:
+    """Time a TinyLM (labkit.model) here: one prefill of `prompt_len` tokens, then `new_tokens` batch-1 decode
+    steps with the KV cache. Returns {"prefill_s", "decode_s_per_token", "tokens_per_s"} (best of
+    `repeats`)."""
+    from .model import KVCache
+
+    _check_count("prompt_len", prompt_len, 1)
+    _check_count("new_tokens", new_tokens, 1)
+    _check_count("repeats", repeats, 1)
+    if prompt_len + new_tokens > model.cfg.max_seq_len:
+        raise ValueError(f"prompt_len + new_tokens must be <= {model.cfg.max_seq_len}, "
+                         f"got {prompt_len} + {new_tokens}")
+    device = next(model.parameters()).device
+    prompt = torch.zeros(1, prompt_len, dtype=torch.long, device=device)
+    one = torch.zeros(1, 1, dtype=torch.long, device=device)
+    best_prefill = best_decode = float("inf")
+    for _ in range(repeats):
+        cache = KVCache(model.cfg, 1, prompt_len + new_tokens, device=device)
+        t0 = time.perf_counter()
+        model(prompt, cache)  # the forward pass advances cache.length
+        t1 = time.perf_counter()
+        for _ in range(new_tokens):
+            model(one, cache)
+        t2 = time.perf_counter()
+        best_prefill, best_decode = min(best_prefill, t1 - t0), min(best_decode, (t2 - t1) / new_tokens)
+    return {"prefill_s": best_prefill, "decode_s_per_token": best_decode, "tokens_per_s": 1 / best_decode}

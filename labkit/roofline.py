@@ -95,29 +95,41 @@ def matmul_intensity(m: int, n: int, k: int, bytes_per_element: float = 2) -> fl
 
 
 def offload_time(resident_bytes: float, offloaded_bytes: float, device_bandwidth: float,
-                 link_bandwidth: float, host_bandwidth: float | None = None, mode: str = "stream") -> dict:
-    """Time of one batch-1 decode step (seconds) when part of the weights does not fit on the device.
+                 link_bandwidth: float | None, host_bandwidth: float | None = None, mode: str = "stream", *,
+                 flops: float = 0.0, peak_flops: float | None = None) -> dict:
+    """Time of one forward step (seconds) when part of the weights does not fit on the device.
 
     Resident weights are read at `device_bandwidth`. The offloaded ones either
-      - cross the link (PCIe, NVLink) every token and are then used on the device (mode="stream", as in
+      - cross the link (PCIe, NVLink) on every step and are then used on the device (mode="stream", as in
         accelerate's CPU offload or FlexGen; reading them again on the device is counted too), or
       - are used where they live, read at `host_bandwidth` by the host (mode="split", as llama.cpp does for
-        the layers that `-ngl` leaves on the CPU; only a few KB of activations cross the link).
-    Transfers and compute are not overlapped. Returns {"time_s", "device_s", "transfer_s", "host_s",
-    "transfer_share"}, the share being transfer_s / time_s."""
+        the layers that `-ngl` leaves on the CPU; only a few KB of activations cross the link, so
+        `link_bandwidth` is not used and may be None).
+    A step that does `flops` FLOP (2 x parameters x tokens for a prefill) on a device of `peak_flops` FLOP/s
+    takes at least flops / peak_flops there: the device's part is the longer of its memory time and its
+    compute time (for mode="split" the device does the resident share of the FLOP; the host's time counts
+    memory only). Transfers do not overlap with computing. Returns {"time_s", "device_s", "transfer_s",
+    "host_s", "transfer_share"}, the share being transfer_s / time_s."""
     resident = _positive("resident_bytes", resident_bytes, allow_zero=True)
     offloaded = _positive("offloaded_bytes", offloaded_bytes, allow_zero=True)
     if resident + offloaded == 0:
         raise ValueError("resident_bytes + offloaded_bytes must be > 0, got 0 and 0")
     dev_bw = _positive("device_bandwidth", device_bandwidth)
-    link_bw = _positive("link_bandwidth", link_bandwidth)
+    work = _positive("flops", flops, allow_zero=True)
+    if work and peak_flops is None:
+        raise ValueError("peak_flops is required when flops > 0, got None")
+    compute_s = work / _positive("peak_flops", peak_flops) if work else 0.0
     if mode == "stream":
-        device_s, transfer_s, host_s = (resident + offloaded) / dev_bw, offloaded / link_bw, 0.0
+        if link_bandwidth is None:
+            raise ValueError("link_bandwidth is required when mode='stream', got None")
+        transfer_s = offloaded / _positive("link_bandwidth", link_bandwidth)
+        device_s, host_s = max((resident + offloaded) / dev_bw, compute_s), 0.0
     elif mode == "split":
         if host_bandwidth is None:
             raise ValueError("host_bandwidth is required when mode='split', got None")
         host_s = offloaded / _positive("host_bandwidth", host_bandwidth)
-        device_s, transfer_s = resident / dev_bw, 0.0
+        device_s = max(resident / dev_bw, compute_s * resident / (resident + offloaded))
+        transfer_s = 0.0
     else:
         raise ValueError(f"mode must be 'stream' or 'split', got {mode!r}")
     total = device_s + transfer_s + host_s

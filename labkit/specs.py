@@ -23,7 +23,7 @@ TINYLM_JSON = Path(__file__).resolve().parent.parent / "data" / "tinylm.json"
 class ModelSpec:
     """A decoder-only transformer, as far as memory is concerned.
 
-    mlp: "gelu" (two matrices, GPT-3/OPT) or "swiglu" (three, Llama/Mixtral); norm: "layernorm" (weight and
+    context: the longest sequence (tokens) the model was trained for; mlp: "gelu" (two matrices, GPT-3/OPT) or "swiglu" (three, Llama/Mixtral); norm: "layernorm" (weight and
     bias) or "rmsnorm" (weight only); bias: linear layers carry biases; positions: learned position
     embeddings (0 for rotary); n_experts / experts_per_token: a mixture of experts replaces each MLP by
     n_experts MLPs of which experts_per_token run for each token (plus a router)."""
@@ -66,6 +66,7 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head: d_model / n_heads."""
         return self.d_model // self.n_heads
 
     def counts(self) -> dict[str, int]:
@@ -109,6 +110,7 @@ class ModelSpec:
         return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, bytes_per_element)
 
 
+@cache
 def _tinylm() -> ModelSpec:
     cfg = TinyLMConfig.from_dict(json.loads(TINYLM_JSON.read_text())["config"])
     return ModelSpec("tinylm", cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab_size,
@@ -153,6 +155,7 @@ def model(name: str) -> ModelSpec:
 
 
 def model_names() -> list[str]:
+    """The names model() accepts, largest-first except TinyLM last."""
     return [*MODELS, "tinylm"]
 
 
@@ -186,5 +189,5 @@ def device(name: str) -> DeviceSpec:
 
 
 def device_names(kind: str | None = None) -> list[str]:
-    """Names of the devices in data/hardware.json, optionally only one kind ("gpu", "soc", "link")."""
+    """Names of the devices in data/hardware.json, optionally only one kind ("gpu", "soc", "host", "link")."""
     return [n for n, d in _devices().items() if kind is None or d.kind == kind]

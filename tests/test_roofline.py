@@ -149,6 +149,9 @@ def test_offload_time_equals_a_layer_by_layer_walk(layers, k, mode):
     ({"link_bandwidth": 0}, "link_bandwidth"),
     ({"mode": "split"}, "host_bandwidth is required"),
     ({"mode": "overlap"}, "mode must be"),
+    ({"flops": 1e12}, "peak_flops is required"),
+    ({"flops": -1.0, "peak_flops": 1e15}, "flops"),
+    ({"link_bandwidth": None}, "link_bandwidth"),
 ])
 def test_offload_time_refuses_bad_input(kwargs, match):
     args = {"resident_bytes": 1e9, "offloaded_bytes": 1e9, "device_bandwidth": 1e12, "link_bandwidth": 3e10,
@@ -166,3 +169,18 @@ def test_plot_roofline_draws_one_line_per_device_and_one_marker_per_point():
     assert y == pytest.approx(rl.attainable_flops(x, 1e12, 1e10))
     with pytest.raises(ValueError, match="ceilings"):
         rl.plot_roofline([])
+
+
+def test_offload_time_with_compute_is_the_slower_of_memory_and_arithmetic():
+    # A prefill of 2,048 tokens through Llama-2-70B (6.9e10 parameters, 2 bytes each) on an H100 (989 TFLOP/s
+    # BF16, 3.35 TB/s), 10 of 80 layers streamed over PCIe 5.0 (63 GB/s).
+    weights, flops = 68.98e9 * 2, 2 * 68.98e9 * 2048
+    r = rl.offload_time(weights * 70 / 80, weights * 10 / 80, 3.35e12, 63e9, flops=flops, peak_flops=989.4e12)
+    assert r["device_s"] == pytest.approx(flops / 989.4e12)          # compute-bound: 286 ms
+    assert r["transfer_s"] == pytest.approx(weights / 8 / 63e9)       # 274 ms on the link
+    assert 0.45 < r["transfer_share"] < 0.5
+    decode = rl.offload_time(weights * 70 / 80, weights * 10 / 80, 3.35e12, 63e9, flops=2 * 68.98e9,
+                             peak_flops=989.4e12)
+    assert decode["device_s"] == pytest.approx(weights / 3.35e12)     # one token: memory-bound
+    split = rl.offload_time(60.0, 40.0, 10.0, None, host_bandwidth=1.0, mode="split", flops=1000.0, peak_flops=10.0)
+    assert split["device_s"] == pytest.approx(60.0) and split["host_s"] == pytest.approx(40.0)
