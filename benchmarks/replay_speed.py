@@ -46,13 +46,18 @@ def main(quick: bool) -> None:
     for name in names:
         pages, nbytes = step_trace(specs.model(name), events, tiny)
         print(f"{name}: {len(pages):,} page accesses per decode step (4 KiB pages), layout {nbytes / GB:.1f} GB")
-        for label, dev, kw in [("fits on the device (2x the layout)", 2 * nbytes, {}),
-                               ("80 GB device, LRU, no prefetch", min(h100, nbytes // 2), {}),
-                               ("80 GB device, LRU, density prefetch", min(h100, nbytes // 2), {"prefetch": "density"})]:
+        small = min(h100, nbytes // 2)  # an 80 GB H100 for 70B; half the layout for 7B
+        cases = [("fits (device = 2x the layout), LRU", 2 * nbytes, {}),
+                 ("oversubscribed, LRU, no prefetch", small, {}),
+                 ("oversubscribed, LRU, density prefetch", small, {"prefetch": "density"})]
+        if name == "llama-2-7b":
+            cases += [("oversubscribed, clock, density prefetch", small, {"eviction": "clock", "prefetch": "density"}),
+                      ("oversubscribed, LRU, sequential prefetch", small, {"prefetch": "sequential"})]
+        for label, dev, kw in cases:
             um, rate, dt = replay(pages, nbytes, dev, 2, **kw)
             s = um.stats
-            print(f"  {label:40s} 2 tokens in {dt:5.2f} s = {rate / 1e6:5.2f} M accesses/s "
-                  f"(faults {s.faults:,}, hits {s.hits:,})")
+            print(f"  {label:42s} device {dev / GB:5.1f} GB: 2 tokens in {dt:5.2f} s = {rate / 1e6:5.2f} M "
+                  f"accesses/s (faults {s.faults:,}, hits {s.hits:,})")
     pages, nbytes = step_trace(specs.model("llama-2-7b"), events, tiny)
     n = 20_000
     um = UnifiedMemory(nbytes // 2, 2 * nbytes)

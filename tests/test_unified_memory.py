@@ -180,6 +180,8 @@ def test_vectorized_replay_matches_the_page_by_page_reference(cfg, program):
             um.access_pages(np.array(pages, np.int64))
             for p in pages:
                 ref.access(p)
+            if pages:  # every access is served: the page just touched is on the device
+                assert um.where([pages[-1]]).tolist() == [DEVICE]
         elif live and op[0] == "scan":  # sequential sweeps: the pattern prefetch is for
             a = live[op[1] % len(live)]
             pages = np.tile(np.arange(a.first_page, a.first_page + a.num_pages), op[2])
