@@ -160,8 +160,9 @@ def quant_error(w: torch.Tensor, w_hat: torch.Tensor) -> dict[str, float]:
             raise ValueError(f"{name} must be non-empty and finite, got shape {tuple(t.shape)}")
     if w.shape != w_hat.shape:
         raise ValueError(f"w_hat must have w's shape {tuple(w.shape)}, got {tuple(w_hat.shape)}")
-    err = w.double() - w_hat.double()
-    noise, signal = float(err.pow(2).sum()), float(w.double().pow(2).sum())
+    w, w_hat = w.detach().double(), w_hat.detach().double()
+    err = w - w_hat
+    noise, signal = float(err.pow(2).sum()), float(w.pow(2).sum())
     if noise == 0:
         sqnr = math.inf
     elif signal == 0:

@@ -158,8 +158,8 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, qweight: QTensor):
         super().__init__()
-        if not isinstance(qweight, QTensor) or qweight.group_size == "tensor":
-            raise ValueError("qweight must be a QTensor with per-row or per-group scales")
+        if not isinstance(qweight, QTensor):
+            raise TypeError(f"qweight must be a labkit.quant.QTensor, got {type(qweight).__name__}")
         self.qweight = qweight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
