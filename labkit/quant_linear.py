@@ -8,7 +8,9 @@ QuantLinear keeps its weight as codes + scales and has two paths:
                activations: it dequantizes w = (q - 8) * scale + zero with q in 0..15 and a float zero.
                Our codes map to it exactly: q = code + 8, zero = -zero_point * scale (0 when symmetric).
 
-"auto" takes the kernel when it exists, the input is on the CPU and the shapes fit (4 bits, out % 16 == 0,
+Storage: packed codes, scales and zero points are buffers (so .to(device) moves them); when the kernel
+is used, its own tiled copy of the codes and BF16-ready scales is kept next to them (a deployment would keep
+only that one). "auto" takes the kernel when it exists, the input is on the CPU and the shapes fit (4 bits, out % 16 == 0,
 group length a multiple of 32), and falls back to the reference path otherwise.
 """
 
@@ -40,7 +42,7 @@ def to_int4pack(q: QTensor, inner_k_tiles: int = 2) -> tuple[torch.Tensor, torch
         (code - zero_point) * scale  ==  (q - 8) * scale + zero   with q = code + 8, zero = -zero_point * scale
     """
     out, inp = q.shape
-    if q.bits != 4 or out % 16 or not int4_kernel_available():
+    if q.bits != 4 or out % 16 or q.codes.device.type != "cpu" or not int4_kernel_available():
         return None
     g = next((k for k in _KERNEL_GROUPS if q.group_len % k == 0 and inp % k == 0), None)
     if g is None:
@@ -71,18 +73,29 @@ class QuantLinear(nn.Module):
             raise ValueError(f"tile must be an even int >= 2, got {tile!r}")
         self.out_features, self.in_features = qweight.shape
         self.bits, self.group_size, self.scheme, self.tile = qweight.bits, qweight.group_size, qweight.scheme, tile
-        self.qweight = qweight  # the reference: codes, scale, zero
-        packable = qweight.bits == 4 and self.in_features % 2 == 0
-        # storage: 4-bit codes packed two per byte, one row after another; other widths as int8
-        self.register_buffer("codes", pack_int4(qweight.codes).reshape(self.out_features, -1) if packable
-                             else qweight.codes.clone())
-        self.packed_codes = packable
+        self.group_len = qweight.group_len
+        self.packed_codes = qweight.bits == 4 and self.in_features % 2 == 0
+        # storage (buffers, so .to(device) moves them): 4-bit codes packed two per byte, one row after
+        # another; other widths as int8; the scales and zero points as they are
+        self.register_buffer("codes", pack_int4(qweight.codes).reshape(self.out_features, -1) if self.packed_codes
+                             else qweight.codes)
+        self.register_buffer("scale", qweight.scale)
+        self.register_buffer("zero", qweight.zero)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         kernel = to_int4pack(qweight)
         self.register_buffer("int4pack", None if kernel is None else kernel[0])
         self.register_buffer("scales_and_zeros", None if kernel is None else kernel[1])
         self.kernel_group = None if kernel is None else kernel[2]
         self.backend = backend
+
+    @property
+    def qweight(self) -> QTensor:
+        """The weight as a QTensor (codes unpacked from storage)."""
+        codes = self.codes
+        if self.packed_codes:
+            codes = unpack_int4(codes.reshape(-1), self.out_features * self.in_features).reshape(codes.shape[0], -1)
+        return QTensor(codes, self.scale, self.zero, self.bits, self.group_size, self.scheme,
+                       (self.out_features, self.in_features))
 
     @property
     def backend(self) -> str:
@@ -126,18 +139,17 @@ class QuantLinear(nn.Module):
 
     def weight_tile(self, k0: int, k1: int) -> torch.Tensor:
         """Dequantized columns k0:k1 of the weight, float32 [out, k1 - k0] (k0, k1 even when packed)."""
-        q = self.qweight
         if self.packed_codes:
             codes = unpack_int4(self.codes[:, k0 // 2:k1 // 2].reshape(-1), self.out_features * (k1 - k0))
             codes = codes.reshape(self.out_features, k1 - k0)
         else:
             codes = self.codes[:, k0:k1]
         cols = torch.arange(k0, k1, device=codes.device)
-        group = torch.zeros_like(cols) if q.group_size == "tensor" else cols // q.group_len
+        group = torch.zeros_like(cols) if self.group_size == "tensor" else cols // self.group_len
         codes = codes.to(torch.int32)
-        if q.zero is not None:
-            codes = codes - q.zero.to(codes.device)[:, group]
-        return codes.float() * q.scale.to(codes.device)[:, group]
+        if self.zero is not None:
+            codes = codes - self.zero[:, group]
+        return codes.float() * self.scale[:, group]
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize a tile, multiply, accumulate: y = sum over tiles of x[..., tile] @ w_hat[:, tile].T."""
@@ -154,13 +166,21 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """An embedding table stored quantized; a lookup dequantizes only the rows it reads."""
+    """An embedding table stored quantized (int8 codes, scales, zero points); a lookup dequantizes only the
+    rows it reads."""
 
     def __init__(self, qweight: QTensor):
         super().__init__()
         if not isinstance(qweight, QTensor):
             raise TypeError(f"qweight must be a labkit.quant.QTensor, got {type(qweight).__name__}")
-        self.qweight = qweight
+        self.register_buffer("codes", qweight.codes)
+        self.register_buffer("scale", qweight.scale)
+        self.register_buffer("zero", qweight.zero)
+        self.meta = (qweight.bits, qweight.group_size, qweight.scheme, qweight.shape)
+
+    @property
+    def qweight(self) -> QTensor:
+        return QTensor(self.codes, self.scale, self.zero, *self.meta)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.qweight.dequantize(rows=tokens)

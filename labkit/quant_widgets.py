@@ -41,11 +41,12 @@ def plot_group(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size=
     values = group_values(w, group_size)
     levels = grid_levels(w, bits, scheme, group_size)
     err = quant_error(w, quantize(w, bits, scheme, group_size).dequantize())
-    ax.hist(values.numpy(), bins=60, color="tab:blue", alpha=0.7)
+    ax.hist(values.numpy(), bins=min(60, max(10, len(values) // 4)), color="tab:blue", alpha=0.7)
+    ax.grid(False)
     for v in levels.tolist():
         ax.axvline(v, color="tab:red", linewidth=0.6, alpha=0.6)
-    ax.set_title(f"INT{bits} {scheme}, group {group_size}: SQNR {err['sqnr_db']:.1f} dB "
-                 f"({len(values)} weights in this group, {2 ** bits} levels)", fontsize=9)
+    ax.set_title(f"INT{bits} {scheme}, group {group_size}: first group ({len(values)} weights, {2 ** bits} levels);"
+                 f" whole matrix SQNR {err['sqnr_db']:.1f} dB", fontsize=9)
     ax.set_xlabel("weight value (red: the values a quantized weight can take)")
     return ax
 

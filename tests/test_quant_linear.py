@@ -30,7 +30,11 @@ def test_reference_path_equals_linear_on_the_dequantized_weight(bits, group, sch
 
 
 def test_four_bit_codes_are_stored_packed_and_odd_widths_unpacked():
-    assert QuantLinear.from_linear(linear(16, 64)).codes.shape == (16, 32)
+    lin = linear(16, 64)
+    ql = QuantLinear.from_linear(lin)
+    assert ql.codes.shape == (16, 32) and ql.codes.dtype == torch.uint8
+    assert torch.equal(ql.qweight.codes, quantize(lin.weight.detach()).codes)
+    assert set(dict(ql.named_buffers())) >= {"codes", "scale", "zero", "bias"}
     assert QuantLinear.from_linear(linear(16, 63), group_size="channel").codes.dtype == torch.int8
 
 
@@ -109,7 +113,8 @@ def test_mixed_policy_report_and_modules(pretrained):
     assert isinstance(qm.layers[0].mlp.w_up, QuantLinear) and qm.layers[0].mlp.w_up.bits == 4
     assert isinstance(qm.layers[0].attn.wq, nn.Linear)
     assert torch.equal(qm.layers[0].attn.wq.weight, model.layers[0].attn.wq.weight.half().float())
-    assert qm.lm_head.qweight is qm.tok_emb.qweight  # tied: one quantized matrix
+    assert qm.lm_head.scale is qm.tok_emb.scale  # tied: one quantized matrix
+    assert torch.equal(qm.lm_head.qweight.codes, qm.tok_emb.codes)
     cfg = model.cfg
     rows = {r["name"]: r for r in report["layers"]}
     assert rows["layers.0.mlp.w_up"]["bytes"] == 384 * 128 // 2 + 384 * 4 * 4
@@ -141,6 +146,7 @@ def test_gptq_tensors_replace_round_to_nearest(pretrained):
     custom = QTensor(torch.zeros_like(w, dtype=torch.int8), torch.ones(384, 4), torch.zeros(384, 4, dtype=torch.int32),
                      4, 32, "asym", (384, 128))
     qm, _ = quantize_model(model, {"mlp": "int4"}, qtensors={"layers.0.mlp.w_up": custom})
-    assert qm.layers[0].mlp.w_up.qweight is custom
+    used = qm.layers[0].mlp.w_up.qweight
+    assert torch.equal(used.codes, custom.codes) and used.scale is custom.scale
     with pytest.raises(ValueError, match=r"qtensors\['layers.0.mlp.w_up'\] must be a 8-bit QTensor"):
         quantize_model(model, {"mlp": "int8"}, qtensors={"layers.0.mlp.w_up": custom})
