@@ -84,7 +84,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         kernel = to_int4pack(qweight)
         self.register_buffer("int4pack", None if kernel is None else kernel[0])
-        self.register_buffer("scales_and_zeros", None if kernel is None else kernel[1])
+        self.register_buffer("scales_and_zeros", None if kernel is None else kernel[1].to(torch.bfloat16))
         self.kernel_group = None if kernel is None else kernel[2]
         self.backend = backend
 
@@ -133,8 +133,7 @@ class QuantLinear(nn.Module):
     def forward_int4pack(self, x: torch.Tensor) -> torch.Tensor:
         """torch's INT4 kernel on BF16 activations (the result is cast back to x's dtype)."""
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.int4pack, self.kernel_group,
-                                                       self.scales_and_zeros.to(torch.bfloat16))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.int4pack, self.kernel_group, self.scales_and_zeros)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def weight_tile(self, k0: int, k1: int) -> torch.Tensor:
@@ -213,6 +212,12 @@ def quantize_model(model: nn.Module, policy: dict[str, str], group_size: int | s
     "bits_per_weight"}; bytes count scales and zero points at 2 bytes (fp16) each.
     """
     policy = _check_policy(policy)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if scheme not in ("asym", "sym"):
+        raise ValueError(f"scheme must be 'asym' or 'sym', got {scheme!r}")
+    if not isinstance(model, nn.Module) or not hasattr(model, "tok_emb"):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
     qtensors = qtensors or {}
     model = copy.deepcopy(model)
     rows = []

@@ -103,6 +103,12 @@ def test_policy_errors_name_the_problem(pretrained):
         quantize_model(model, {"norm": "int8"})
     with pytest.raises(TypeError, match="policy must be a dict"):
         quantize_model(model, "int4")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        quantize_model(model, {}, backend="cuda")
+    with pytest.raises(ValueError, match="scheme must be 'asym' or 'sym', got 'nf4'"):
+        quantize_model(model, {}, scheme="nf4")
+    with pytest.raises(TypeError, match="model must be a TinyLM, got Linear"):
+        quantize_model(nn.Linear(2, 2), {})
 
 
 def test_mixed_policy_report_and_modules(pretrained):
