@@ -37,7 +37,8 @@ def record_decode_trace(model, prompt: list[int], n_tokens: int) -> list[list[Ev
         raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r}")
     if not prompt or len(prompt) + n_tokens > model.cfg.max_seq_len:
         raise ValueError(f"prompt length {len(prompt)} + n_tokens {n_tokens} must be in [1, {model.cfg.max_seq_len}]")
-    cache = KVCache(model.cfg)
+    weight = next(model.parameters())
+    cache = KVCache(model.cfg, dtype=weight.dtype, device=weight.device)
     events: list[Event] = []
     hooks = []
 
@@ -66,7 +67,7 @@ def record_decode_trace(model, prompt: list[int], n_tokens: int) -> list[list[Ev
             elif rest in ("attn_norm", "mlp_norm"):
                 hooks.append(module.register_forward_pre_hook(hook(f"layers.{parts[1]}.{rest}", "norm")))
     try:
-        device = next(model.parameters()).device
+        device = weight.device
         logits = model(torch.tensor([prompt], device=device), cache)
         out = []
         for _ in range(n_tokens):

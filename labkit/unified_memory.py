@@ -63,6 +63,7 @@ class Stats:
 
 @dataclass(frozen=True)
 class Allocation:
+    """Virtual pages [first_page, first_page + num_pages) holding nbytes bytes."""
     first_page: int
     num_pages: int
     nbytes: int
@@ -85,7 +86,7 @@ def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int
     as [start, end) page offsets. `resident`: one bool per page of the block (len <= the block).
 
         leaf 2:  [x x | x . | . . | . .]  fault at 3: leaf [2,4); node [0,4) 4/4 > 0.5: take it;
-                 node [0,8) 4/8 is not > 0.5: the fault brings pages 2..3 (page 3) -> returns (0, 4)
+                 node [0,8) 4/8 is not > 0.5 -> returns (0, 4): page 3 moves (0..2 are there already)
     """
     resident = np.asarray(resident, bool)
     n = len(resident)
@@ -107,7 +108,13 @@ def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int
 
 
 class UnifiedMemory(Migration):
-    """The pool. See the module docstring for the rules; `stats` holds the counters."""
+    """The pool (see the module docstring for the rules); `stats` holds the counters.
+
+    device_bytes, host_bytes: capacities (bytes, rounded down to whole pages); page_size: bytes;
+    eviction: "lru" | "clock" | "fifo"; prefetch: None | "sequential" | "density";
+    link_bandwidth, device_bandwidth: bytes/s; fault_latency: seconds per fault;
+    prefetch_pages: pages the sequential prefetcher brings; density_threshold, block_bytes, leaf_bytes:
+    the density prefetcher's rule (see density_node)."""
 
     def __init__(self, device_bytes: int, host_bytes: int, page_size: int = 4096, eviction: str = "lru",
                  prefetch: str | None = None, link_bandwidth: float = 25e9, fault_latency: float = 30e-6,
