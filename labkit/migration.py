@@ -8,7 +8,8 @@ labkit/unified_memory.py's docstring). UnifiedMemory inherits these methods; the
 
 Victims for LRU and FIFO come from a lazily rebuilt queue of the smallest keys (one O(n) pass per many
 evictions); clock sweeps the frames in numpy windows. Runs of consecutive faults without prefetch are
-handled in one batch (`_fault_run`), which is what makes an oversubscribed sweep replay fast.
+handled in one batch (`_fault_run`), and so are sweeps with sequential prefetch (`_sequential_run`):
+that is what makes an oversubscribed sweep replay fast.
 """
 
 from __future__ import annotations
@@ -54,6 +55,55 @@ class Migration:
         s.evictions += r - nf
         s.bytes_moved += (2 * r - nf) * ps
         s.time_s = float(starts[-1] + self.fault_latency + busy[-1])
+
+    def _sequential_run(self, run: np.ndarray, t_hit: float) -> int:
+        """Sequential prefetch (LRU or FIFO) over consecutive pages that are all on the host, in one go.
+        Faults land on every (prefetch_pages + 1)-th page; each loads its page and the next prefetch_pages,
+        which the following accesses then hit. Victims are the smallest keys among the pages resident
+        before the run, in order, exactly as one fault at a time would pick them (the run's own pages get
+        larger keys). Handles whole groups only; returns how many accesses it consumed (0: not applicable,
+        the caller takes the one-fault path)."""
+        g, s, ps = self.prefetch_pages + 1, self.stats, self.page_size
+        if g > self.device_pages or len(run) < 2 * g:
+            return 0
+        steps = np.diff(run) != 1
+        if steps.any():  # keep the consecutive prefix
+            run = run[:int(np.argmax(steps)) + 1]
+        heads = run[:len(run) // g * g:g]
+        same_allocation = self.alloc_end[heads] > heads + g - 1  # a group never crosses an allocation's end
+        n_groups = len(heads) if same_allocation.all() else int(np.argmin(same_allocation))
+        n_groups = min(n_groups, (self.n_free + self.n_device) // g)  # victims: pages resident before the run
+        if n_groups < 2:
+            return 0
+        pages = run[:n_groups * g]
+        n = len(pages)
+        nf = min(n, self.n_free)
+        frames = self._pop_free(nf)
+        self._protect = self.seq
+        victims = self._min_key_victims(n - nf) if n > nf else np.zeros(0, np.int64)
+        frames = np.concatenate([frames, self.frame[victims]])
+        self.tier[victims] = HOST
+        self.tier[pages] = DEVICE
+        self.frames[frames], self.frame[pages] = pages, frames
+        self.last_use[pages] = np.arange(self.tick + 1, self.tick + n + 1)  # the fault's tick, then each hit's
+        self.loaded[pages] = np.arange(self.seq, self.seq + n)
+        self.ref[pages] = True
+        self.seq, self.tick = self.seq + n, self.tick + n
+        self.n_device += nf
+        self.n_host -= nf
+        evicted = np.maximum(np.minimum(np.arange(1, n_groups + 1) * g - nf, g), 0)  # victims of each fault
+        busy = (g + evicted) * ps / self.link_bandwidth
+        step = self.fault_latency + busy + (g - 1) * t_hit  # a fault, then the group's hits
+        starts = s.time_s + np.concatenate([[0.0], np.cumsum(step)[:-1]])
+        self.fault_times.extend(starts.tolist())
+        self.fault_busy.extend(busy.tolist())
+        s.faults += n_groups
+        s.hits += n - n_groups
+        s.migrations += n
+        s.evictions += n - nf
+        s.bytes_moved += int((g + evicted).sum()) * ps
+        s.time_s = float(starts[-1] + step[-1])
+        return n
 
     def _load_one(self, p: int) -> None:
         """One faulted page to the device (scalar code: most faults move a single page)."""

@@ -260,7 +260,12 @@ class UnifiedMemory(Migration):
                 continue
             run = seg[j:]
             r = len(run) if not resident[j:].any() else int(np.argmax(resident[j:]))
-            if r > 1 and self.prefetch is None and self.eviction != "clock":
+            done = 0
+            if self.prefetch == "sequential" and self.eviction != "clock":
+                done = self._sequential_run(run[:r], t_hit)
+            if done:
+                run = run[:done]
+            elif r > 1 and self.prefetch is None and self.eviction != "clock":
                 run = self._distinct_prefix(run[:min(r, self.device_pages)])
                 self._fault_run(run)
             else:

@@ -290,3 +290,26 @@ def test_link_utilization_series():
     assert math.isclose(u.sum() * um.stats.time_s / 10, busy, rel_tol=1e-9)
     with pytest.raises(ValueError, match="bins"):
         um.link_utilization(0)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "fifo"])
+@pytest.mark.parametrize("device_pages", [12, 40, 100])
+def test_sequential_prefetch_sweeps_take_the_batched_path_and_agree(eviction, device_pages, monkeypatch):
+    from labkit import migration
+    consumed = []
+    batched = migration.Migration._sequential_run
+    monkeypatch.setattr(migration.Migration, "_sequential_run",
+                        lambda self, run, t: consumed.append(batched(self, run, t)) or consumed[-1])
+    um, ref = make(dict(device_pages=device_pages, host_pages=400, eviction=eviction, prefetch="sequential",
+                        prefetch_pages=4, block_pages=16, leaf_pages=2))
+    a, b = um.alloc(150 * PS), um.alloc(60 * PS)
+    ref.alloc(150), ref.alloc(60)
+    rng = np.random.default_rng(device_pages)
+    trace = np.concatenate([np.tile(np.arange(150), 3) + a.first_page, rng.integers(0, 60, 300) + b.first_page,
+                            np.arange(60) + b.first_page, np.tile(np.arange(150), 2) + a.first_page])
+    um.access_pages(trace)
+    for p in trace.tolist():
+        ref.access(p)
+    agree(um, ref)
+    check_invariants(um)
+    assert sum(consumed) > 0  # the batched path ran, and the counters still agree page by page
