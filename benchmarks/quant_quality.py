@@ -7,6 +7,8 @@ notebook's precision settings, the one-type-at-a-time INT4 sensitivity, and GPTQ
 Deterministic (no timings); takes a few minutes on 2 cores. Copy the output into benchmarks/RESULTS.md.
 """
 
+import math
+
 import torch
 
 from labkit import calibrate, data
@@ -15,14 +17,19 @@ from labkit.model import load_pretrained
 from labkit.quant import quantize_model
 
 ALL = ("embedding", "attention", "mlp")
+INT4 = {k: "int4" for k in ALL}
 CONFIGS = {
     "FP32": ({}, 32, "asym"),
     "BF16": ({k: "bf16" for k in ALL}, 32, "asym"),
     "INT8 asym g32": ({k: "int8" for k in ALL}, 32, "asym"),
-    "INT4 sym g32": ({k: "int4" for k in ALL}, 32, "sym"),
-    "INT4 asym g32": ({k: "int4" for k in ALL}, 32, "asym"),
-    "INT4 asym channel": ({k: "int4" for k in ALL}, "channel", "asym"),
-    "INT4 sym channel": ({k: "int4" for k in ALL}, "channel", "sym"),
+    "INT8 sym channel": ({k: "int8" for k in ALL}, "channel", "sym"),
+    "INT4 sym g32": (INT4, 32, "sym"),
+    "INT4 sym channel": (INT4, "channel", "sym"),
+    "INT4 asym g32": (INT4, 32, "asym"),
+    "INT4 asym g64": (INT4, 64, "asym"),
+    "INT4 asym g128": (INT4, 128, "asym"),
+    "INT4 asym channel": (INT4, "channel", "asym"),
+    "INT4 asym g32, emb INT8": ({**INT4, "embedding": "int8"}, 32, "asym"),
     "mixed (attn FP16, MLP INT4 g32, emb INT8)": ({"attention": "fp16", "mlp": "int4", "embedding": "int8"}, 32, "asym"),
 }
 N_TASKS = 200
@@ -32,18 +39,25 @@ def main() -> None:
     model, _ = load_pretrained()
     val = data.corpus("test", n_bytes=65536, seed=0)
     tasks = [t for kind in data.TASK_KINDS for t in data.make_tasks(kind, N_TASKS, split="test", seed=0)]
-    print(f"| setting | bits/weight | vs FP32 | perplexity | arithmetic | recall | copy | tasks right | retained |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    tasks.sort(key=lambda t: len(t.prompt) + len(t.answer))  # less padding per batch; same answers
+    print("| setting | bits/weight | vs FP32 | perplexity | arithmetic | recall | copy | tasks right | gained / lost "
+          "| retained (95% interval) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base = None
     for name, (policy, group, scheme) in CONFIGS.items():
         qm, report = quantize_model(model, policy, group, scheme)
-        ok = task_correct(qm, tasks)
+        ok = task_correct(qm, tasks, batch_size=32)
         acc = {k: sum(o for o, t in zip(ok, tasks) if t.kind == k) / N_TASKS for k in data.TASK_KINDS}
         ppl = perplexity(qm, val)
-        base = base or (ppl, sum(ok))
+        base = base or (ppl, sum(ok), ok)
+        gained = sum(o and not b for o, b in zip(ok, base[2]))
+        lost = sum(b and not o for o, b in zip(ok, base[2]))
+        half = 1.96 * math.sqrt(gained + lost)  # paired (McNemar-style) normal approximation, as in notebook 03
+        lo, hi = 1 + (gained - lost - half) / base[1], 1 + (gained - lost + half) / base[1]
         print(f"| {name} | {report['bits_per_weight']:.2f} | {report['compression']:.1f}x | {ppl:.4f} "
               f"({ppl / base[0] - 1:+.2%}) | {acc['arithmetic']:.1%} | {acc['recall']:.1%} | {acc['copy']:.1%} "
-              f"| {sum(ok)} / {3 * N_TASKS} | {sum(ok) / base[1]:.1%} |", flush=True)
+              f"| {sum(ok)} / {3 * N_TASKS} | {gained} / {lost} | {sum(ok) / base[1]:.1%} ({lo:.1%}-{hi:.1%}) |",
+              flush=True)
     print()
     for kind in ALL:
         ppl = perplexity(quantize_model(model, {kind: "int4"}, 32, "asym")[0], val)

@@ -14,10 +14,16 @@ Codes are signed: [-8, 7] for 4 bits, [-128, 127] for 8 bits (qmin = -2**(bits-1
                 zero  = qmin - round(min w / scale)  (an integer zero point)
                                                     code = clamp(round(w / scale) + zero)  w ~ (code - zero) * scale
 
-Rounding is round-half-to-even (torch.round). A constant group (max == min) gets scale |w| (1 if w is 0),
-so it round-trips exactly instead of dividing by zero. The asymmetric zero point lies in [qmin, qmax] when
-the group straddles 0, and outside it when the whole group is positive or negative (the code range then
-still covers exactly [min, max]); it is stored as int32.
+Rounding is round-half-to-even (torch.round). The asymmetric grid covers [min, max] to within half a step
+(the zero point is an integer, so 0 is exactly representable and the grid can be shifted by up to half a step).
+
+Zero points are bounded: the step is never below max(|min|, |max|) / 2**14, so |zero| <= 2**14 + 2**(bits-1)
+and every zero point fits in 16 bits (int16), which is what the storage accounting counts (stored here as
+int32). The floor only acts on near-constant groups (range below ~0.1% of their magnitude at 4 bits, ~1.6%
+at 8 bits), where the error it allows, |w| / 2**15 at most, is below fp16's own rounding. When the group
+straddles 0 (as on every TinyLM weight group), the zero point lies in [qmin, qmax] and would fit in `bits`
+bits, as GPTQ checkpoints pack it. A constant group round-trips exactly (all-zero groups get scale 1).
+Ranges max - min that overflow float32 (|w| near 3.4e38) raise a ValueError instead of giving inf/NaN.
 """
 
 from __future__ import annotations
@@ -69,7 +75,11 @@ class QTensor:
 
     def nbytes(self, scale_bytes: int = 2, zero_bytes: int = 2) -> int:
         """Bytes to store it: codes at `bits` each (packed) plus one scale (and zero point) per group,
-        counted at `scale_bytes` / `zero_bytes` each (fp16 in llama.cpp and torch; kept as fp32 here)."""
+        counted at `scale_bytes` / `zero_bytes` each (fp16 in llama.cpp and torch; kept as fp32 / int32
+        here). Zero points always fit in 2 bytes (see the module docstring); zero_bytes=1 is refused when
+        one does not fit in int8."""
+        if self.zero is not None and zero_bytes < 2 and int(self.zero.abs().max()) > 127:
+            raise ValueError(f"zero_bytes={zero_bytes} cannot hold zero points up to {int(self.zero.abs().max())}")
         return quantized_bytes(self.codes.numel(), self.bits, self.group_len, self.scheme, scale_bytes, zero_bytes)
 
     def bits_per_weight(self, scale_bytes: int = 2, zero_bytes: int = 2) -> float:
@@ -128,8 +138,8 @@ def quantize(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size: i
     group_size: an int (groups along the input dimension; must divide it), "channel" (one group per output
     row) or "tensor" (one group for the whole matrix)."""
     _check_weight(w)
-    if bits not in BITS or isinstance(bits, bool):
-        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    if type(bits) is not int or bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS} (an int), got {bits!r}")
     _check_scheme(scheme)
     x = _group_view(w.detach().float(), group_size)
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
@@ -141,8 +151,14 @@ def quantize(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size: i
     else:
         lo, hi = x.amin(-1), x.amax(-1)
         scale = (hi - lo) / (qmax - qmin)
-        flat = scale == 0  # constant group (or a range that underflows): step |w|, or 1 for zeros
-        scale = torch.where(flat, torch.where(lo != 0, lo.abs(), torch.ones_like(lo)), scale)
+        if not torch.isfinite(scale).all():
+            bad = (~torch.isfinite(scale)).nonzero()[0].tolist()
+            raise ValueError(f"w's range max - min in group {tuple(bad)} ({float(lo[tuple(bad)]):.4g} .. "
+                             f"{float(hi[tuple(bad)]):.4g}) overflows float32; expected a range below 3.4e38 "
+                             f"(scale the weights down)")
+        floor = torch.maximum(lo.abs(), hi.abs()) / 2 ** 14  # bounds |zero| by 2**14 + 2**(bits-1)
+        scale = torch.maximum(scale, floor)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero group
         zero = qmin - torch.round(lo / scale)
         codes = (torch.round(x / scale[..., None]) + zero[..., None]).clamp_(qmin, qmax)
         zero = zero.to(torch.int32)

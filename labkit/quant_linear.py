@@ -143,12 +143,23 @@ class QuantLinear(nn.Module):
             codes = codes.reshape(self.out_features, k1 - k0)
         else:
             codes = self.codes[:, k0:k1]
-        cols = torch.arange(k0, k1, device=codes.device)
-        group = torch.zeros_like(cols) if self.group_size == "tensor" else cols // self.group_len
         codes = codes.to(torch.int32)
-        if self.zero is not None:
-            codes = codes - self.zero[:, group]
-        return codes.float() * self.scale[:, group]
+        g, n = self.group_len, k1 - k0
+        if self.group_size == "tensor" or k0 // g == (k1 - 1) // g:  # the tile lies in one group: broadcast
+            col = 0 if self.group_size == "tensor" else k0 // g
+            zero = None if self.zero is None else self.zero[:, col:col + 1]
+            scale = self.scale[:, col:col + 1]
+        elif k0 % g == 0 and n % g == 0:  # whole groups: a view [out, groups, g], no gather
+            codes = codes.reshape(self.out_features, n // g, g)
+            zero = None if self.zero is None else self.zero[:, k0 // g:k1 // g, None]
+            scale = self.scale[:, k0 // g:k1 // g, None]
+        else:  # any other tile: each column's group by index
+            group = torch.arange(k0, k1, device=codes.device) // g
+            zero = None if self.zero is None else self.zero[:, group]
+            scale = self.scale[:, group]
+        if zero is not None:
+            codes = codes - zero
+        return (codes.float() * scale).reshape(self.out_features, n)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize a tile, multiply, accumulate: y = sum over tiles of x[..., tile] @ w_hat[:, tile].T."""

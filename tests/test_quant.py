@@ -124,7 +124,9 @@ def test_quant_error_against_the_formulas():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"bits": 5}, ValueError, r"bits must be one of \(2, 3, 4, 8\), got 5"),
+    ({"bits": 5}, ValueError, r"bits must be one of \(2, 3, 4, 8\) \(an int\), got 5"),
+    ({"bits": 4.0}, ValueError, r"\(an int\), got 4.0"),
+    ({"bits": True}, ValueError, r"\(an int\), got True"),
     ({"scheme": "affine"}, ValueError, r"scheme must be one of \('asym', 'sym'\), got 'affine'"),
     ({"group_size": 48}, ValueError, "group_size 48 must divide the input dimension 64"),
     ({"group_size": 0}, ValueError, "group_size must be a positive int, 'channel' or 'tensor', got 0"),
@@ -197,3 +199,35 @@ def test_storage_accounting():
     assert quant.quantize(w, 8, "sym", "tensor").nbytes() == 16 * 128 + 2
     with pytest.raises(ValueError, match="group_len must be a positive int, got 0"):
         quant.quantized_bytes(8, 4, 0)
+
+
+def test_range_overflow_raises_instead_of_nan():
+    w = torch.tensor([[3e38, -3e38, 1.0, 0.0]])
+    with pytest.raises(ValueError, match=r"range max - min in group \(0, 0\) .* overflows float32"):
+        quant.quantize(w, 4, "asym", "channel")
+    q = quant.quantize(w, 4, "sym", "channel")  # symmetric needs only max|w|: finite
+    assert torch.isfinite(q.dequantize()).all()
+    big = torch.tensor([[1.7e38, -1.7e38, 1.0, 0.0]])  # the widest range that still fits
+    assert torch.isfinite(quant.quantize(big, 4, "asym", "channel").dequantize()).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(centre=st.floats(-1e6, 1e6), spread=st.floats(0, 1e-2), bits=st.sampled_from(quant.BITS))
+def test_zero_points_are_bounded_and_near_constant_groups_stay_accurate(centre, spread, bits):
+    g = torch.Generator().manual_seed(0)
+    w = (centre + spread * torch.rand(3, 32, generator=g)).float()
+    q = quant.quantize(w, bits, "asym", 32)
+    assert int(q.zero.abs().max()) <= 2 ** 14 + 2 ** (bits - 1) + 1  # fits in int16, as counted
+    err = (q.dequantize() - w).abs()
+    # half a step, and the step is at most the larger of the range's and |w| / 2**14
+    bound = torch.maximum((w.amax(1) - w.amin(1)) / (2 ** bits - 1), w.abs().amax(1) / 2 ** 14) / 2
+    assert (err.amax(1) <= bound * (1 + 1e-3) + 1e-6 * w.abs().amax(1)).all()
+
+
+def test_storage_of_zero_points_is_counted_at_16_bits():
+    w = torch.tensor([[1000.0, 1000.0001, 1000.0002, 1000.0] * 8])
+    q = quant.quantize(w, 4, "asym", 32)
+    assert -2 ** 15 <= int(q.zero.min()) and int(q.zero.max()) < 2 ** 15
+    assert q.nbytes() == 16 + 2 + 2
+    with pytest.raises(ValueError, match="zero_bytes=1 cannot hold zero points"):
+        q.nbytes(zero_bytes=1)

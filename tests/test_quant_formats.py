@@ -1,5 +1,6 @@
-"""llama.cpp blocks against an independent, per-element re-implementation (struct layout, Python floats
-rounded to float32 after every operation, as the C code does) and against bytes worked out by hand."""
+"""llama.cpp blocks against gguf-py (llama.cpp's own numpy reference, `gguf.quants`, which llama.cpp tests
+against its C quantizers), against a per-element re-implementation of the C loops (struct layout, Python
+floats rounded to float32 after every operation, as the C code does) and against bytes worked out by hand."""
 import math
 import struct
 
@@ -7,6 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
 
 from labkit import quant_formats as qf
 
@@ -162,3 +167,81 @@ def test_bad_input_is_refused_clearly(fmt):
         dequantize(np.zeros(qf.BLOCK_BYTES[fmt] + 1, np.uint8))
     with pytest.raises(TypeError, match="uint8"):
         dequantize(np.zeros(qf.BLOCK_BYTES[fmt], np.int8))
+
+
+GGUF_TYPES = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
+              "q8_0": GGMLQuantizationType.Q8_0}
+
+
+def gguf_rows() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    rows = [rng.standard_normal((64, 256)), rng.random((16, 256)), rng.standard_normal((16, 256)) * 1e-5,
+            rng.standard_normal((16, 256)) * 3e3, np.round(rng.standard_normal((16, 256)) * 8) / 4,  # ties
+            rng.integers(-8, 8, (16, 256)), rng.standard_cauchy((16, 256)) * 0.01]
+    rows = [r.astype(np.float32).reshape(-1, 64) for r in rows] + [tricky_rows()]
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bytes_match_gguf_py(fmt):
+    quantize, dequantize, _ = FORMATS[fmt]
+    x = gguf_rows()
+    ours, theirs = quantize(x), gguf_quantize(x, GGUF_TYPES[fmt])
+    assert ours.shape == theirs.shape
+    # blocks made only of signed zeros (-0.0 and +0.0) may differ in the sign bit of a zero scale or min:
+    # gguf-py takes them from np.max/np.min, we follow the C loop (see test_signed_zero_blocks_follow_the_c_loop)
+    blocks = x.reshape(-1, 32)
+    size = qf.BLOCK_BYTES[fmt]
+    zero_only = (blocks == 0).all(axis=1)
+    assert zero_only.sum() < len(blocks) // 10
+    np.testing.assert_array_equal(ours.reshape(-1, size)[~zero_only], theirs.reshape(-1, size)[~zero_only])
+    np.testing.assert_array_equal(dequantize(ours), gguf_dequantize(ours, GGUF_TYPES[fmt]))
+    np.testing.assert_array_equal(dequantize(theirs), gguf_dequantize(theirs, GGUF_TYPES[fmt]))
+
+
+def test_signed_zero_blocks_follow_the_c_loop():
+    # quantize_row_q4_0_ref keeps max = +0.0f when no |x| exceeds 0, so d = +0.0 / -8 = -0.0 (bytes 00 80);
+    # gguf-py takes x[argmax |x|] = x[0], which gives d = +0.0 when x[0] is -0.0. Values are equal either way.
+    x = np.tile(np.array([-0.0, 0.0], dtype=np.float32), 16)
+    assert qf.quantize_q4_0(x)[:2].tobytes() == bytes([0x00, 0x80]) == brute_q4_0(x)[:2]
+    assert gguf_quantize(x, GGUF_TYPES["q4_0"])[:2].tobytes() == bytes([0x00, 0x00])
+    # quantize_row_q4_1_ref's loop keeps the first of equal values: min = x[0] = -0.0
+    assert qf.quantize_q4_1(x)[2:4].tobytes() == bytes([0x00, 0x80]) == brute_q4_1(x)[2:4]
+    for fmt in FORMATS:
+        np.testing.assert_array_equal(FORMATS[fmt][1](FORMATS[fmt][0](x)), np.zeros(32, np.float32))
+
+
+# bitsandbytes' NF4 table as published (csrc/kernels.cu; the QLoRA paper's appendix lists the same values)
+NF4_PUBLISHED = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+                 -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+                 0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                 0.7229568362236023, 1.0]
+
+
+def test_nf4_levels_match_the_published_table():
+    np.testing.assert_allclose(qf.nf4_levels(), NF4_PUBLISHED, atol=2e-6)
+    assert qf.nf4_levels()[7] == 0.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(values=st.lists(st.floats(-100, 100, width=32), min_size=64, max_size=64))
+def test_nf4_picks_the_nearest_level(values):
+    x = np.array(values, dtype=np.float32)
+    codes, absmax = qf.quantize_nf4(x)
+    assert codes.shape == (64,) and absmax.shape == (1,) and absmax[0] == np.abs(x).max()
+    scaled = x / (absmax[0] if absmax[0] > 0 else 1)
+    dist = np.abs(scaled[:, None] - qf.nf4_levels()[None, :])  # brute force: distance to every level
+    np.testing.assert_allclose(dist[np.arange(64), codes], dist.min(axis=1), atol=1e-6)
+    back = qf.dequantize_nf4(codes, absmax)
+    assert back.dtype == np.float32 and np.abs(back - x).max() <= 0.5 * np.diff(NF4_PUBLISHED).max() * absmax[0] * (1 + 1e-5)  # half the widest gap
+
+
+def test_nf4_bad_input():
+    with pytest.raises(ValueError, match="multiple of block=64"):
+        qf.quantize_nf4(np.zeros(32, np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        qf.quantize_nf4(np.zeros(64))
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        qf.quantize_nf4(np.zeros(64, np.float32), block=0)
+    with pytest.raises(ValueError, match="absmax must have shape"):
+        qf.dequantize_nf4(np.zeros(64, np.uint8), np.zeros(2, np.float32))

@@ -18,7 +18,8 @@ def linear(out, inp, bias=True, seed=0):
 
 
 @pytest.mark.parametrize("bits, group, scheme, tile", [(4, 32, "asym", 256), (4, 32, "sym", 64), (4, "channel", "asym", 30),
-                                                       (8, 16, "asym", 64), (3, "tensor", "sym", 256), (4, 8, "asym", 2)])
+                                                       (8, 16, "asym", 64), (3, "tensor", "sym", 256), (4, 8, "asym", 2),
+                                                       (4, 32, "asym", 48), (8, "channel", "sym", 64)])
 def test_reference_path_equals_linear_on_the_dequantized_weight(bits, group, scheme, tile):
     lin = linear(24, 96)
     q = quantize(lin.weight.detach(), bits, scheme, group)
