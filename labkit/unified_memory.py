@@ -82,7 +82,9 @@ def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int
     """Tree-based density prefetch inside one 2 MiB block, after CUDA Unified Memory's driver (described by
     Ganguly et al., ISCA 2019): the block is a binary tree of aligned nodes of leaf, 2 leaf, 4 leaf ...
     pages. A fault takes the whole leaf around page `i`; then, going up to the root, each node is taken
-    whole when more than `threshold` of its pages are resident or already taken. Returns the taken range
+    whole when more than `threshold` of its pages are resident or already taken. A node cut by the end of
+    the allocation (len(resident) < the block) counts only its pages inside: it is taken when more than
+    threshold * (its pages inside) are resident or taken. Returns the taken range
     as [start, end) page offsets. `resident`: one bool per page of the block (len <= the block).
 
         leaf 2:  [x x | x . | . . | . .]  fault at 3: leaf [2,4); node [0,4) 4/4 > 0.5: take it;
@@ -92,6 +94,8 @@ def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int
     n = len(resident)
     if resident.ndim != 1 or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
         raise ValueError(f"i must index the 1-D resident array of {n} pages, got {i!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be a number in [0, 1), got {threshold!r}")
     if not isinstance(leaf, int) or leaf < 1:
         raise ValueError(f"leaf must be a positive int (pages), got {leaf!r}")
     prefix = np.concatenate([[0], np.cumsum(resident)])
@@ -228,8 +232,9 @@ class UnifiedMemory(Migration):
                                     allocation.first_page + -(-(offset + nbytes) // ps)))
 
     def access_pages(self, pages) -> None:
-        """Touch virtual pages in order (a 1-D integer array). Hits are counted in bulk with numpy; only
-        faults run Python code, so sequential traces replay at millions of pages per second."""
+        """Touch virtual pages in order (a 1-D integer array). Runs of hits are counted in bulk with numpy,
+        and so are runs of faults without prefetch (LRU/FIFO) and sequential-prefetch sweeps; other faults
+        (clock, density prefetch, random access) go one at a time through Python."""
         pages = np.asarray(pages)
         if pages.ndim != 1 or (pages.size and not np.issubdtype(pages.dtype, np.integer)):
             raise ValueError(f"pages must be a 1-D integer array, got shape {pages.shape} dtype {pages.dtype}")

@@ -42,6 +42,11 @@ def test_oversubscription_cliff_and_link_share():
     trace = np.arange(64)
     rows = ux.oversubscription(trace, 64, [0.5, 1.0], 4096, tokens=2)
     assert rows[0]["faults"] == 64 and rows[1]["faults"] == 0  # LRU on a sweep: all or nothing
+    # a growing trace: token 1 reads pages 0..59, token 2 pages 0..61; device of 62 pages: only the two new
+    # pages fault in token 2; device of 31: every access of token 2 faults (LRU on a sweep)
+    grow = [np.arange(60), np.arange(62)]
+    rows = ux.oversubscription(grow, 64, [62 / 64, 31 / 64], 4096)
+    assert [r["faults"] for r in rows] == [2, 62] and rows[0]["fault_rate"] == pytest.approx(2 / 62)
     um = ux.replay(trace, 64, 16, repeat=2)
     share = ux.link_share(um)
     assert share["transfer_s"] + share["latency_s"] + share["device_s"] == pytest.approx(share["time_s"])
