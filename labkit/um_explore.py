@@ -94,6 +94,28 @@ def oversubscription(pages, n_pages: int, fractions, page_size: int, tokens: int
     return rows
 
 
+def replay_steps(steps, n_pages: int, device_pages: int, page_size: int = 4096,
+                 **kw) -> tuple[UnifiedMemory, list[dict]]:
+    """A fresh pool (device_pages frames, one allocation of n_pages) replaying per-token page arrays in
+    order (a decode whose KV cache grows). Returns the pool and one row per token: accesses, faults,
+    GB_moved, simulated time_s, and how it splits into link transfers (transfer_s), fault latency
+    (latency_s) and device reads (device_s); link_busy = transfer_s / time_s."""
+    um = UnifiedMemory(device_pages * page_size, n_pages * page_size, page_size=page_size, **kw)
+    a = um.alloc(n_pages * page_size)
+    rows = []
+    for t, step in enumerate(steps):
+        b = um.stats.as_dict()
+        um.access_pages(np.asarray(step) + a.first_page)
+        e = um.stats.as_dict()
+        d = {k: e[k] - b[k] for k in e}
+        transfer, latency = d["bytes_moved"] / um.link_bandwidth, d["faults"] * um.fault_latency
+        rows.append({"token": t + 1, "accesses": d["hits"] + d["faults"], "faults": d["faults"],
+                     "GB_moved": d["bytes_moved"] / 1e9, "time_s": d["time_s"], "transfer_s": transfer,
+                     "latency_s": latency, "device_s": d["time_s"] - transfer - latency,
+                     "link_busy": transfer / d["time_s"] if d["time_s"] else 0.0})
+    return um, rows
+
+
 def link_share(um: UnifiedMemory) -> dict:
     """Where simulated time went: hits (device reads), fault latency, link transfers (seconds, shares)."""
     s = um.stats

@@ -20,7 +20,8 @@ Rules (the reference simulator in tests/test_unified_memory.py implements the sa
   * Victims: "lru" the smallest (last_use, page); "fifo" the page loaded longest ago; "clock" a hand sweeps
     the frames, clears ref bits it passes and takes the first frame whose ref bit is 0 (second chance).
   * Time of one fault: fault_latency + (pages in + pages out) * page_size / link_bandwidth (seconds). Evicted
-    pages are always written back (no dirty bits), faults are handled one at a time (no batching).
+    pages are always written back (no dirty bits), faults are serviced one at a time (no batching: each
+    pays the full latency; the code replays some runs of faults in one numpy batch, with the same result).
   * alloc() places new pages on the host while it has room, the rest on the device; free() drops them.
 Defaults: link 25 GB/s (PCIe 4.0 x16 is 31.5 GB/s per direction on paper, ~25 GB/s in practice), 30 us
 per fault (GPU fault handling takes tens of microseconds), device 2 TB/s (HBM class).
@@ -270,9 +271,15 @@ class UnifiedMemory(Migration):
                 done = self._sequential_run(run[:r], t_hit)
             if done:
                 run = run[:done]
-            elif r > 1 and self.prefetch is None and self.eviction != "clock":
+            elif r > 1 and self.prefetch is None:
                 run = self._distinct_prefix(run[:min(r, self.device_pages)])
-                self._fault_run(run)
+                if self.eviction != "clock":
+                    self._fault_run(run)
+                elif self.n_free:  # clock: free frames first (no victims), then whole sweeps of the hand
+                    run = run[:self.n_free]
+                    self._fault_run(run)
+                else:
+                    self._clock_run(run)
             else:
                 run = run[:1]
                 self.tick += 1

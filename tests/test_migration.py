@@ -10,10 +10,11 @@ from test_unified_memory import Reference, agree
 PS = 4096
 
 
-@pytest.mark.parametrize("eviction", ["lru", "fifo"])
+@pytest.mark.parametrize("eviction", ["lru", "fifo", "clock"])
 @pytest.mark.parametrize("device_pages", [1, 3, 64, 300, 700])
 def test_batched_fault_runs_and_the_lazy_queue_match_the_page_by_page_reference(eviction, device_pages):
-    # 300 and 700 resident pages: more than the 256 the lazy victim queue holds, so it is rebuilt many times
+    # 300 and 700 resident pages: more than the 256 the lazy victim queue holds, so it is rebuilt many times;
+    # clock: runs of faults go through _clock_run (one and two turns of the hand)
     rng = np.random.default_rng(device_pages)
     trace = np.concatenate([np.tile(np.arange(900), 2), rng.integers(0, 900, 1500), np.arange(899, -1, -1),
                             rng.permutation(900)])
