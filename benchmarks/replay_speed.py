@@ -7,6 +7,11 @@ Goal (issue 5): at least 1,000,000 page accesses per second on 2 cores, so that 
 recorded decode steps scaled to the Llama-2 7B / 70B layouts (FP16 weights, FP16 KV cache of 4096
 positions). Baseline: the same simulator fed one page per call (a Python loop per page), on the first
 pages of the same trace. Prints accesses/s per scenario and the ratio; copy the output into RESULTS.md.
+
+Then the cases that do not take a batched path, on synthetic traces (labkit.um_explore.synthetic_trace,
+4096 pages of 4 KiB, device = 1024 pages, 200,000 accesses): clock without prefetch on a sweep (batched
+since _clock_run), LRU on random pages (every fault alone), density prefetch on a sweep (every fault
+alone), each against the same pool fed one page per call on the first 20,000 accesses.
 """
 
 import sys
@@ -40,7 +45,37 @@ def replay(pages, nbytes, device_bytes, tokens, **kw):
     return um, len(pages) * tokens / dt, dt
 
 
+def synthetic_cases() -> None:
+    from labkit.um_explore import synthetic_trace
+    n_pages, dev, length = 4096, 1024, 200_000
+    cases = [("sweep, clock, no prefetch", "sequential", {"eviction": "clock"}),
+             ("sweep, LRU, no prefetch", "sequential", {}),
+             ("random, LRU, no prefetch", "random", {}),
+             ("random, clock, no prefetch", "random", {"eviction": "clock"}),
+             ("sweep, LRU, density prefetch", "sequential", {"prefetch": "density"}),
+             ("sweep, clock, density prefetch", "sequential", {"eviction": "clock", "prefetch": "density"}),
+             ("sweep, LRU, sequential prefetch", "sequential", {"prefetch": "sequential"})]
+    print(f"synthetic traces: {n_pages} pages, device {dev} pages, {length:,} accesses")
+    for label, kind, kw in cases:
+        trace = synthetic_trace(kind, n_pages, length)
+        rates = []
+        for per_call in (False, True):
+            um = UnifiedMemory(dev * 4096, n_pages * 4096, **kw)
+            a = um.alloc(n_pages * 4096)
+            t = trace[:20_000] if per_call else trace
+            t0 = time.perf_counter()
+            if per_call:
+                for p in (t + a.first_page).tolist():
+                    um.access_pages(np.array([p]))
+            else:
+                um.access_pages(t + a.first_page)
+            rates.append(len(t) / (time.perf_counter() - t0))
+        print(f"  {label:34s} {rates[0] / 1e6:6.3f} M accesses/s (faults {um.stats.faults / len(t):.0%} of accesses); "
+              f"one page per call {rates[1] / 1e6:.3f} M/s = {rates[0] / rates[1]:.1f}x")
+
+
 def main(quick: bool) -> None:
+    synthetic_cases()
     model, tok = load_pretrained()
     events = record_decode_trace(model, tok.encode("The memory wall"), 1)[0]
     tiny = layout(specs.model("tinylm"), bytes_per_weight=4)

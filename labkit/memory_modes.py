@@ -13,7 +13,10 @@
 
 A request whose KV cache does not get device memory is not refused: it lives in host memory (a failed
 device allocation) and every decode step pulls its pages over the link (counted as page faults), as
-CUDA Unified Memory would. Weights are placed first and always stay on the device.
+CUDA Unified Memory would. Weights are placed first and always stay on the device. A request is placed
+once, when it arrives, and never retried or moved back: utilization therefore depends on the order of
+past requests (a burst of short requests that fills STATIC's partition makes later long ones fail even
+after the burst has gone), not only on the average demand.
 Units: bytes, steps (one decode step of every active request).
 """
 
@@ -67,6 +70,9 @@ def make_requests(steps: int, rates: list[float], kv_bytes: list[int], mean_dura
     `rates[i]` requests per step for tenant i, each holding kv_bytes[i] for an exponential duration."""
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not isinstance(mean_duration, (int, float)) or isinstance(mean_duration, bool) \
+            or not np.isfinite(mean_duration) or mean_duration <= 0:
+        raise ValueError(f"mean_duration must be a positive number of steps, got {mean_duration!r}")
     if len(rates) != len(kv_bytes) or not rates or min(rates) < 0 or min(kv_bytes) < 1:
         raise ValueError(f"rates ({rates!r}) and kv_bytes ({kv_bytes!r}) must be equally long, rates >= 0, "
                          f"kv_bytes >= 1")
@@ -80,17 +86,25 @@ def make_requests(steps: int, rates: list[float], kv_bytes: list[int], mean_dura
 
 
 def simulate_tenants(config: PoolConfig, weight_bytes: list[int], shares: list[float], requests,
-                     steps: int, page_size: int = 4096) -> dict:
+                     steps: int, page_size: int = 4096, link_bandwidth: float = 25e9) -> dict:
     """Run `requests` (from make_requests) for `steps` steps under `config`.
 
     weight_bytes[i]: tenant i's model weights; shares[i]: its fraction of the device in STATIC mode
     (they sum to at most 1). Returns utilization (mean device bytes in use / max_gpu_mem), peak,
-    failed (requests whose KV went to the host), fault_pages (host pages read over all steps),
-    served (requests), and per-step `used` bytes."""
+    failed (requests whose KV went to the host), fault_pages (pages of page_size bytes read from host
+    memory, summed over all steps: every step, each request on the host reads its whole KV cache over the
+    link), fault_s (fault_pages * page_size / link_bandwidth: seconds the link spends on them, a lower
+    bound that leaves out per-fault latency), served (requests), and per-step `used` bytes."""
     if not isinstance(config, PoolConfig):
         raise TypeError(f"config must be a PoolConfig (from configure_memory), got {type(config).__name__}")
     if len(weight_bytes) != len(shares) or sum(shares) > 1 + 1e-9 or min(shares) <= 0:
         raise ValueError(f"shares {shares!r} must be positive, one per tenant ({len(weight_bytes)}), sum <= 1")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int (bytes), got {page_size!r}")
+    if not isinstance(link_bandwidth, (int, float)) or not np.isfinite(link_bandwidth) or link_bandwidth <= 0:
+        raise ValueError(f"link_bandwidth must be a positive number (bytes/s), got {link_bandwidth!r}")
     cap, n = config.max_gpu_mem, len(shares)
     part = [s * cap for s in shares]
     floor = [config.floor_fraction * p for p in part]
@@ -131,4 +145,5 @@ def simulate_tenants(config: PoolConfig, weight_bytes: list[int], shares: list[f
         series.append(sum(used))
     series = np.array(series)
     return {"mode": config.mode.name, "utilization": float(series.mean() / cap), "peak": float(series.max() / cap),
-            "failed": failed, "served": served, "fault_pages": faults, "used": series}
+            "failed": failed, "served": served, "fault_pages": faults,
+            "fault_s": faults * page_size / link_bandwidth, "used": series}

@@ -8,8 +8,8 @@ labkit/unified_memory.py's docstring). UnifiedMemory inherits these methods; the
 
 Victims for LRU and FIFO come from a lazily rebuilt queue of the smallest keys (one O(n) pass per many
 evictions); clock sweeps the frames in numpy windows. Runs of consecutive faults without prefetch are
-handled in one batch (`_fault_run`), and so are sweeps with sequential prefetch (`_sequential_run`):
-that is what makes an oversubscribed sweep replay fast.
+handled in one batch (`_fault_run` for LRU/FIFO, `_clock_run` for clock), and so are sweeps with sequential
+prefetch (`_sequential_run`): that is what makes an oversubscribed sweep replay fast.
 """
 
 from __future__ import annotations
@@ -54,6 +54,42 @@ class Migration:
         s.migrations += r
         s.evictions += r - nf
         s.bytes_moved += (2 * r - nf) * ps
+        s.time_s = float(starts[-1] + self.fault_latency + busy[-1])
+
+    def _clock_run(self, run: np.ndarray) -> None:
+        """Consecutive faults on distinct pages (no prefetch, clock, no free frame, len(run) <= device_pages),
+        in one go. Seen from the hand, the frames split into F0 (ref bit 0) and F1 (ref bit 1), in circle
+        order. The hand's first turn evicts F0 and clears F1; its second turn evicts F1 (now clear) and
+        clears the new pages in F0. With at most device_pages faults there is no third turn, so every victim
+        is a page resident before the run, exactly as one fault at a time would pick them."""
+        n, r, s, ps = self.device_pages, len(run), self.stats, self.page_size
+        idx = (self.hand + np.arange(n)) % n                 # frames in the hand's order
+        ref0 = ~self.ref[self.frames[idx]]
+        f0, f1 = np.flatnonzero(ref0), np.flatnonzero(~ref0)  # positions on the circle
+        pos = np.concatenate([f0, f1])[:r]                  # victim i's position
+        last, second = int(pos[-1]), r > len(f0)
+        vframes = idx[pos]
+        victims = self.frames[vframes].copy()
+        cleared = idx[~ref0] if second else idx[:last + 1][~ref0[:last + 1]]
+        self.ref[self.frames[cleared]] = False               # F1 frames the hand passed
+        self.tier[victims] = HOST
+        self.tier[run] = DEVICE
+        self.frames[vframes], self.frame[run] = run, vframes
+        self.last_use[run] = np.arange(self.tick + 1, self.tick + r + 1)
+        self.loaded[run] = np.arange(self.seq, self.seq + r)
+        self.ref[run] = True
+        if second:  # the second turn passed the new pages of F0 up to the last victim
+            self.ref[self.frames[idx[f0[f0 <= last]]]] = False
+        self.hand = (int(idx[last]) + 1) % n
+        self.seq, self.tick = self.seq + r, self.tick + r
+        busy = np.full(r, 2 * ps / self.link_bandwidth)
+        starts = s.time_s + np.arange(r) * (self.fault_latency + busy[0])
+        self.fault_times.extend(starts.tolist())
+        self.fault_busy.extend(busy.tolist())
+        s.faults += r
+        s.migrations += r
+        s.evictions += r
+        s.bytes_moved += 2 * r * ps
         s.time_s = float(starts[-1] + self.fault_latency + busy[-1])
 
     def _sequential_run(self, run: np.ndarray, t_hit: float) -> int:

@@ -7,9 +7,15 @@ that ends up offloaded, because an offloaded layer is copied onto the first devi
     layers  L0 L1 L2 L3 L4 L5 L6 L7          gpu: [L0 L1 L2 | room for max(L3..L7)]
             gpu      | cpu       | disk       cpu: [L3 L4 L5]   disk: [L6 L7]
 
-`ngl_curve` is the llama.cpp `-ngl k` picture: k layers on the device, the rest offloaded, time per
-token from labkit.roofline.offload_time (stream: offloaded weights cross the link every token;
-split: the host computes its layers).
+`ngl_curve` is the llama.cpp `-ngl N` picture, with llama.cpp's rule (src/llama-model.cpp,
+`i_gpu_start = n_layer - n_gpu_layers`): the LAST N repeating layers go to the device; the input
+embedding always stays in host memory (a token reads one row of it); the output layer (final norm + LM
+head) goes to the device only when N > n_layer. Time per token from labkit.roofline.offload_time
+(stream: offloaded weights cross the link every token; split: the host computes its layers).
+
+    N = 2 of 4:   embed | L0 L1 | L2 L3 | output        host: embed (1 row), L0, L1, output
+                  host    host    device  host          device: L2, L3
+    N = 5:        embed on the host, everything else on the device
 """
 
 from __future__ import annotations
@@ -50,16 +56,24 @@ def plan_device_map(layer_bytes: dict[str, int], max_memory: dict[str, int]) -> 
 
 
 def ngl_curve(layer_bytes: list[int], device_bandwidth: float, link_bandwidth: float,
-              host_bandwidth: float | None = None, mode: str = "stream") -> list[dict]:
-    """For k = 0 .. len(layer_bytes): the first k layers on the device, the others offloaded; one dict per
-    k with "k", "resident_bytes" and offload_time's "time_s", "transfer_s", "transfer_share", ..."""
-    if not layer_bytes or any(not isinstance(b, int) or b < 0 for b in layer_bytes):
+              host_bandwidth: float | None = None, mode: str = "stream", output_bytes: int = 0,
+              embedding_row_bytes: int = 0) -> list[dict]:
+    """llama.cpp's `-ngl N` for N = 0 .. n_layer + 1 (see the module doc). layer_bytes: the n_layer repeating
+    layers in order (bytes); output_bytes: final norm + LM head; embedding_row_bytes: the one embedding row a
+    token reads (the embedding stays in host memory, so this row always counts as offloaded bytes).
+    One dict per N with "k" (= N), "resident_bytes", "offloaded_bytes" and offload_time's "time_s",
+    "transfer_s", "transfer_share", ..."""
+    if not layer_bytes or any(not isinstance(b, int) or isinstance(b, bool) or b < 0 for b in layer_bytes):
         raise ValueError(f"layer_bytes must be a non-empty list of non-negative ints, got {layer_bytes!r}")
-    total, out = sum(layer_bytes), []
-    for k in range(len(layer_bytes) + 1):
-        resident = sum(layer_bytes[:k])
+    for name, v in (("output_bytes", output_bytes), ("embedding_row_bytes", embedding_row_bytes)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be a non-negative int (bytes), got {v!r}")
+    n_layer, out = len(layer_bytes), []
+    total = sum(layer_bytes) + output_bytes + embedding_row_bytes
+    for k in range(n_layer + 2):
+        resident = sum(layer_bytes[n_layer - min(k, n_layer):]) + (output_bytes if k > n_layer else 0)
         t = offload_time(resident, total - resident, device_bandwidth, link_bandwidth, host_bandwidth, mode)
-        out.append({"k": k, "resident_bytes": resident, **t})
+        out.append({"k": k, "resident_bytes": resident, "offloaded_bytes": total - resident, **t})
     return out
 
 

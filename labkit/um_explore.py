@@ -70,25 +70,50 @@ def policy_table(n_pages: int, device_pages: int, length: int, evictions=("lru",
     return rows
 
 
-def oversubscription(pages: np.ndarray, n_pages: int, fractions, page_size: int, tokens: int = 2,
+def oversubscription(pages, n_pages: int, fractions, page_size: int, tokens: int = 2,
                      prefetch=None, eviction: str = "lru", **kw) -> list[dict]:
-    """Replay a decode-step trace `tokens` times with the device holding each fraction of the n_pages
-    working set; the last token's faults and simulated time (the steady state)."""
+    """For each fraction: a fresh pool whose device holds fraction * n_pages pages, replaying decode steps
+    in order, then the last step's faults, GB moved and simulated time (earlier steps warm the pool up).
+    `pages`: one step's page array, replayed `tokens` times, or a list of per-token arrays (a trace whose
+    KV cache grows), replayed once each in order (`tokens` is then ignored)."""
+    steps = [np.asarray(p) for p in pages] if isinstance(pages, (list, tuple)) else [np.asarray(pages)] * tokens
     rows = []
     for f in fractions:
         dev = max(1, int(round(f * n_pages)))
         um = UnifiedMemory(dev * page_size, n_pages * page_size, page_size=page_size, eviction=eviction,
                            prefetch=prefetch, **kw)
         a = um.alloc(n_pages * page_size)
-        for t in range(tokens):
+        for step in steps:
             before = um.stats.as_dict()
-            um.access_pages(pages + a.first_page)
+            um.access_pages(step + a.first_page)
         after = um.stats.as_dict()
         rows.append({"fraction": f, "faults": after["faults"] - before["faults"],
-                     "fault_rate": (after["faults"] - before["faults"]) / len(pages),
+                     "fault_rate": (after["faults"] - before["faults"]) / len(steps[-1]),
                      "GB_moved": (after["bytes_moved"] - before["bytes_moved"]) / 1e9,
                      "time_s": after["time_s"] - before["time_s"]})
     return rows
+
+
+def replay_steps(steps, n_pages: int, device_pages: int, page_size: int = 4096,
+                 **kw) -> tuple[UnifiedMemory, list[dict]]:
+    """A fresh pool (device_pages frames, one allocation of n_pages) replaying per-token page arrays in
+    order (a decode whose KV cache grows). Returns the pool and one row per token: accesses, faults,
+    GB_moved, simulated time_s, and how it splits into link transfers (transfer_s), fault latency
+    (latency_s) and device reads (device_s); link_busy = transfer_s / time_s."""
+    um = UnifiedMemory(device_pages * page_size, n_pages * page_size, page_size=page_size, **kw)
+    a = um.alloc(n_pages * page_size)
+    rows = []
+    for t, step in enumerate(steps):
+        b = um.stats.as_dict()
+        um.access_pages(np.asarray(step) + a.first_page)
+        e = um.stats.as_dict()
+        d = {k: e[k] - b[k] for k in e}
+        transfer, latency = d["bytes_moved"] / um.link_bandwidth, d["faults"] * um.fault_latency
+        rows.append({"token": t + 1, "accesses": d["hits"] + d["faults"], "faults": d["faults"],
+                     "GB_moved": d["bytes_moved"] / 1e9, "time_s": d["time_s"], "transfer_s": transfer,
+                     "latency_s": latency, "device_s": d["time_s"] - transfer - latency,
+                     "link_busy": transfer / d["time_s"] if d["time_s"] else 0.0})
+    return um, rows
 
 
 def link_share(um: UnifiedMemory) -> dict:

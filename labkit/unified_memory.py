@@ -20,7 +20,8 @@ Rules (the reference simulator in tests/test_unified_memory.py implements the sa
   * Victims: "lru" the smallest (last_use, page); "fifo" the page loaded longest ago; "clock" a hand sweeps
     the frames, clears ref bits it passes and takes the first frame whose ref bit is 0 (second chance).
   * Time of one fault: fault_latency + (pages in + pages out) * page_size / link_bandwidth (seconds). Evicted
-    pages are always written back (no dirty bits), faults are handled one at a time (no batching).
+    pages are always written back (no dirty bits), faults are serviced one at a time (no batching: each
+    pays the full latency; the code replays some runs of faults in one numpy batch, with the same result).
   * alloc() places new pages on the host while it has room, the rest on the device; free() drops them.
 Defaults: link 25 GB/s (PCIe 4.0 x16 is 31.5 GB/s per direction on paper, ~25 GB/s in practice), 30 us
 per fault (GPU fault handling takes tens of microseconds), device 2 TB/s (HBM class).
@@ -82,7 +83,9 @@ def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int
     """Tree-based density prefetch inside one 2 MiB block, after CUDA Unified Memory's driver (described by
     Ganguly et al., ISCA 2019): the block is a binary tree of aligned nodes of leaf, 2 leaf, 4 leaf ...
     pages. A fault takes the whole leaf around page `i`; then, going up to the root, each node is taken
-    whole when more than `threshold` of its pages are resident or already taken. Returns the taken range
+    whole when more than `threshold` of its pages are resident or already taken. A node cut by the end of
+    the allocation (len(resident) < the block) counts only its pages inside: it is taken when more than
+    threshold * (its pages inside) are resident or taken. Returns the taken range
     as [start, end) page offsets. `resident`: one bool per page of the block (len <= the block).
 
         leaf 2:  [x x | x . | . . | . .]  fault at 3: leaf [2,4); node [0,4) 4/4 > 0.5: take it;
@@ -92,6 +95,8 @@ def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int
     n = len(resident)
     if resident.ndim != 1 or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
         raise ValueError(f"i must index the 1-D resident array of {n} pages, got {i!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be a number in [0, 1), got {threshold!r}")
     if not isinstance(leaf, int) or leaf < 1:
         raise ValueError(f"leaf must be a positive int (pages), got {leaf!r}")
     prefix = np.concatenate([[0], np.cumsum(resident)])
@@ -228,8 +233,9 @@ class UnifiedMemory(Migration):
                                     allocation.first_page + -(-(offset + nbytes) // ps)))
 
     def access_pages(self, pages) -> None:
-        """Touch virtual pages in order (a 1-D integer array). Hits are counted in bulk with numpy; only
-        faults run Python code, so sequential traces replay at millions of pages per second."""
+        """Touch virtual pages in order (a 1-D integer array). Runs of hits are counted in bulk with numpy,
+        and so are runs of faults without prefetch (LRU/FIFO) and sequential-prefetch sweeps; other faults
+        (clock, density prefetch, random access) go one at a time through Python."""
         pages = np.asarray(pages)
         if pages.ndim != 1 or (pages.size and not np.issubdtype(pages.dtype, np.integer)):
             raise ValueError(f"pages must be a 1-D integer array, got shape {pages.shape} dtype {pages.dtype}")
@@ -265,9 +271,15 @@ class UnifiedMemory(Migration):
                 done = self._sequential_run(run[:r], t_hit)
             if done:
                 run = run[:done]
-            elif r > 1 and self.prefetch is None and self.eviction != "clock":
+            elif r > 1 and self.prefetch is None:
                 run = self._distinct_prefix(run[:min(r, self.device_pages)])
-                self._fault_run(run)
+                if self.eviction != "clock":
+                    self._fault_run(run)
+                elif self.n_free:  # clock: free frames first (no victims), then whole sweeps of the hand
+                    run = run[:self.n_free]
+                    self._fault_run(run)
+                else:
+                    self._clock_run(run)
             else:
                 run = run[:1]
                 self.tick += 1

@@ -39,16 +39,23 @@ def test_invariants(sizes, caps):
 
 
 def test_ngl_curve_by_hand():
-    curve = ngl_curve([10**9] * 4, device_bandwidth=1e12, link_bandwidth=25e9)
-    assert [c["k"] for c in curve] == [0, 1, 2, 3, 4]
-    # k = 1: 4 GB read on the device, 3 GB over the link
-    assert curve[1]["time_s"] == pytest.approx(4e9 / 1e12 + 3e9 / 25e9)
-    assert curve[1]["transfer_share"] == pytest.approx((3e9 / 25e9) / (4e9 / 1e12 + 3e9 / 25e9))
-    assert curve[4]["transfer_share"] == 0 and curve[4]["time_s"] == pytest.approx(4e-3)
+    # 4 layers of 1, 2, 3, 4 GB, an output layer of 5 GB, an embedding row of 1 kB (llama.cpp's rule:
+    # the last N layers on the device, the output layer only for N > 4, the embedding never)
+    g, row = 10**9, 1000
+    curve = ngl_curve([1 * g, 2 * g, 3 * g, 4 * g], device_bandwidth=1e12, link_bandwidth=25e9,
+                      output_bytes=5 * g, embedding_row_bytes=row)
+    assert [c["k"] for c in curve] == [0, 1, 2, 3, 4, 5]
+    assert [c["resident_bytes"] for c in curve] == [0, 4 * g, 7 * g, 9 * g, 10 * g, 15 * g]
+    # N = 1: layer 3 (4 GB) stays; 1 + 2 + 3 + 5 GB + the row cross the link and are read again on the device
+    off = 11 * g + row
+    assert curve[1]["offloaded_bytes"] == off
+    assert curve[1]["time_s"] == pytest.approx((4 * g + off) / 1e12 + off / 25e9)
+    assert curve[1]["transfer_share"] == pytest.approx((off / 25e9) / ((4 * g + off) / 1e12 + off / 25e9))
+    assert curve[5]["offloaded_bytes"] == row and curve[5]["transfer_s"] == pytest.approx(row / 25e9)
     assert all(a["time_s"] > b["time_s"] for a, b in zip(curve, curve[1:]))
-    split = ngl_curve([10**9] * 4, 1e12, 25e9, host_bandwidth=50e9, mode="split")
-    assert split[0]["time_s"] == pytest.approx(4e9 / 50e9) and split[0]["transfer_share"] == 0
-    assert share_range(curve, 0.0, 0.0) == [4]
+    split = ngl_curve([g] * 4, 1e12, 25e9, host_bandwidth=50e9, mode="split")
+    assert split[0]["time_s"] == pytest.approx(4 * g / 50e9) and split[0]["transfer_share"] == 0
+    assert share_range(ngl_curve([g] * 4, 1e12, 25e9), 0.0, 0.0) == [4, 5]
 
 
 def test_bad_input_is_named():
@@ -60,3 +67,5 @@ def test_bad_input_is_named():
         plan_device_map({"a": 5}, {"gpu": 1, "cpu": 2})
     with pytest.raises(ValueError, match="layer_bytes"):
         ngl_curve([], 1e12, 1e9)
+    with pytest.raises(ValueError, match="output_bytes"):
+        ngl_curve([1], 1e12, 1e9, output_bytes=-1)

@@ -42,10 +42,27 @@ def test_oversubscription_cliff_and_link_share():
     trace = np.arange(64)
     rows = ux.oversubscription(trace, 64, [0.5, 1.0], 4096, tokens=2)
     assert rows[0]["faults"] == 64 and rows[1]["faults"] == 0  # LRU on a sweep: all or nothing
+    # a growing trace: token 1 reads pages 0..59, token 2 pages 0..61; device of 62 pages: only the two new
+    # pages fault in token 2; device of 31: every access of token 2 faults (LRU on a sweep)
+    grow = [np.arange(60), np.arange(62)]
+    rows = ux.oversubscription(grow, 64, [62 / 64, 31 / 64], 4096)
+    assert [r["faults"] for r in rows] == [2, 62] and rows[0]["fault_rate"] == pytest.approx(2 / 62)
     um = ux.replay(trace, 64, 16, repeat=2)
     share = ux.link_share(um)
     assert share["transfer_s"] + share["latency_s"] + share["device_s"] == pytest.approx(share["time_s"])
     assert share["latency_s"] == pytest.approx(128 * um.fault_latency)
+
+
+def test_replay_steps_by_hand():
+    # 4 frames, tokens read pages 0..3, 0..5, 0..5: token 2 hits 0..3 and faults on 4, 5; token 3 is an
+    # LRU sweep larger than the device: all 6 fault, each evicting a page
+    um, rows = ux.replay_steps([np.arange(4), np.arange(6), np.arange(6)], 8, 4, fault_latency=1e-5, link_bandwidth=4096 / 1e-6,
+                               device_bandwidth=1e30)
+    assert [(r["accesses"], r["faults"]) for r in rows] == [(4, 4), (6, 2), (6, 6)]
+    # token 3: 6 pages in, 6 out (the device was full): 12 us of transfer, 60 us of latency
+    assert rows[2]["transfer_s"] == pytest.approx(12e-6) and rows[2]["latency_s"] == pytest.approx(60e-6)
+    assert rows[2]["time_s"] == pytest.approx(72e-6) and rows[2]["link_busy"] == pytest.approx(12 / 72)
+    assert rows[1]["GB_moved"] == pytest.approx(4 * 4096 / 1e9) and um.stats.faults == 12
 
 
 def test_table_and_static_explorer(capsys):

@@ -120,13 +120,14 @@ def agree(um, ref):
     assert um.where(pages).tolist() == [tiers[q] for q in pages.tolist()]
 
 
-def check_invariants(um):
+def check_invariants(um, accesses=None):
     tier = um.tier[:um.next_page]
     assert (tier == DEVICE).sum() == um.n_device <= um.device_pages
     assert (tier == HOST).sum() == um.n_host <= um.host_pages
     held = um.frames[um.frames >= 0]
     assert sorted(held.tolist()) == np.flatnonzero(tier == DEVICE).tolist()  # one frame per device page
-    assert um.stats.hits + um.stats.faults == um.tick
+    if accesses is not None:  # counted by the test, not by the pool
+        assert um.stats.hits + um.stats.faults == accesses
 
 
 configs = st.fixed_dictionaries({
@@ -156,7 +157,8 @@ def make(cfg):
 @given(configs, ops)
 def test_vectorized_replay_matches_the_page_by_page_reference(cfg, program):
     um, ref = make(cfg)
-    live = []
+    twin, _ = make(cfg)  # the same program, one page per access_pages call
+    live, n_access = [], 0
     for op in program:
         if op[0] == "alloc":
             before = (um.stats.as_dict(), um.tier.copy(), um.n_device, um.n_host)
@@ -169,27 +171,34 @@ def test_vectorized_replay_matches_the_page_by_page_reference(cfg, program):
                 assert np.array_equal(um.tier[:len(before[1])], before[1])
                 continue
             assert ref.alloc(op[1]) == a.first_page
+            assert twin.alloc(op[1] * PS - 7) == a
             live.append(a)
         elif live and op[0] == "free":
             a = live.pop(op[1] % len(live))
             um.free(a)
+            twin.free(a)
             ref.free(a.first_page, a.num_pages)
             assert (um.where(np.arange(a.first_page, a.first_page + a.num_pages)) == FREE).all()
         elif live and op[0] == "access":
             pages = [live[i % len(live)].first_page + o % live[i % len(live)].num_pages for i, o in op[1]]
             um.access_pages(np.array(pages, np.int64))
+            n_access += len(pages)
             for p in pages:
                 ref.access(p)
-            if pages:  # every access is served: the page just touched is on the device
-                assert um.where([pages[-1]]).tolist() == [DEVICE]
+                twin.access_pages(np.array([p]))
+                assert twin.where([p]).tolist() == [DEVICE]  # every access is served, each one checked
+            assert twin.stats.as_dict() == pytest.approx(um.stats.as_dict(), rel=1e-9)
+            assert np.array_equal(twin.tier, um.tier)
         elif live and op[0] == "scan":  # sequential sweeps: the pattern prefetch is for
             a = live[op[1] % len(live)]
             pages = np.tile(np.arange(a.first_page, a.first_page + a.num_pages), op[2])
             um.access_pages(pages)
+            twin.access_pages(pages)
+            n_access += len(pages)
             for p in pages.tolist():
                 ref.access(p)
         agree(um, ref)
-        check_invariants(um)
+        check_invariants(um, n_access)
 
 
 @pytest.mark.parametrize("eviction", ["lru", "clock", "fifo"])
@@ -209,7 +218,7 @@ def test_long_traces_cross_the_chunk_and_fault_run_paths(eviction, prefetch):
     for p in trace.tolist():
         ref.access(p)
     agree(um, ref)
-    check_invariants(um)
+    check_invariants(um, len(trace))
 
 
 def test_a_fault_then_a_hit_with_the_time_model():
@@ -281,15 +290,28 @@ def test_errors_leave_the_pool_usable():
 
 
 def test_link_utilization_series():
-    um = UnifiedMemory(2**22, 2**24, prefetch="density")
-    a = um.alloc(2**23)
-    um.access(a)
-    t, u = um.link_utilization(bins=10)
-    busy = float(np.sum(um.fault_busy))
-    assert len(t) == 10 and np.all((u >= 0) & (u <= 1 + 1e-9))
-    assert math.isclose(u.sum() * um.stats.time_s / 10, busy, rel_tol=1e-9)
+    # 1 ms of latency per fault, 1 ms to move a page, hits free: fault on page 0 ([0, 1] ms dead, link busy
+    # [1, 2] ms), a hit, fault on page 1 (dead [2, 3], busy [3, 4]). Four 1-ms bins: busy 0, 1, 0, 1.
+    um = UnifiedMemory(4 * PS, 4 * PS, fault_latency=1e-3, link_bandwidth=PS / 1e-3, device_bandwidth=1e30)
+    a = um.alloc(2 * PS)
+    um.access_pages(np.array([0, 0, 1]) + a.first_page)
+    t, u = um.link_utilization(bins=4)
+    assert np.allclose(t, [0, 1e-3, 2e-3, 3e-3]) and np.allclose(u, [0, 1, 0, 1])
+    t, u = um.link_utilization(bins=8)  # half-millisecond bins
+    assert np.allclose(u, [0, 0, 1, 1, 0, 0, 1, 1])
     with pytest.raises(ValueError, match="bins"):
         um.link_utilization(0)
+
+
+def test_density_node_clipped_nodes_and_bad_threshold():
+    # an allocation of 6 pages in a block of 8, leaf 2: fault at 5 takes [4, 6); the clipped node [4, 8)
+    # has 2 pages inside, both taken (2 > 0.5 * 2); the root [0, 6) holds 2 resident + 2 taken = 4 > 3
+    r = np.array([1, 1, 0, 0, 0, 0], bool)
+    assert density_node(r, 5, 0.5, 2) == (0, 6)
+    assert density_node(r, 5, 0.7, 2) == (4, 6)  # 4 > 0.7 * 6 = 4.2 fails
+    for bad in (1.0, -0.1, "0.5", True):
+        with pytest.raises(ValueError, match="threshold"):
+            density_node(r, 5, bad, 2)
 
 
 @pytest.mark.parametrize("eviction", ["lru", "fifo"])
