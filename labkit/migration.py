@@ -27,11 +27,11 @@ class Migration:
         again = order[1:][run[order[1:]] == run[order[:-1]]]
         return run[:int(again.min())] if len(again) else run
 
-    def _fault_run(self, run: np.ndarray) -> None:
-        """Consecutive faults on distinct pages (no prefetch, LRU or FIFO, len(run) <= device_pages), in
-        one go: fault i evicts the i-th smallest key among the pages resident before the run, exactly as
-        one fault at a time would (the run's own pages get larger keys)."""
-        r, s, ps = len(run), self.stats, self.page_size
+    def _load_run(self, run: np.ndarray) -> int:
+        """Bring `run` (distinct host pages, accessed in this order with ticks tick + 1, tick + 2, ...) to the
+        device: the lowest free frames first, then the frames of the smallest-key pages resident before the
+        run (LRU or FIFO). Returns how many free frames were used."""
+        r = len(run)
         nf = min(r, self.n_free)
         frames = self._pop_free(nf)
         self._protect = self.seq
@@ -46,6 +46,14 @@ class Migration:
         self.seq, self.tick = self.seq + r, self.tick + r
         self.n_device += nf
         self.n_host -= nf
+        return nf
+
+    def _fault_run(self, run: np.ndarray) -> None:
+        """Consecutive faults on distinct pages (no prefetch, LRU or FIFO, len(run) <= device_pages), in
+        one go: fault i evicts the i-th smallest key among the pages resident before the run, exactly as
+        one fault at a time would (the run's own pages get larger keys)."""
+        r, s, ps = len(run), self.stats, self.page_size
+        nf = self._load_run(run)
         busy = np.where(np.arange(r) < nf, 1, 2) * ps / self.link_bandwidth
         starts = s.time_s + np.arange(r) * self.fault_latency + np.concatenate([[0.0], np.cumsum(busy)[:-1]])
         self.fault_times.extend(starts.tolist())
@@ -113,20 +121,7 @@ class Migration:
             return 0
         pages = run[:n_groups * g]
         n = len(pages)
-        nf = min(n, self.n_free)
-        frames = self._pop_free(nf)
-        self._protect = self.seq
-        victims = self._min_key_victims(n - nf) if n > nf else np.zeros(0, np.int64)
-        frames = np.concatenate([frames, self.frame[victims]])
-        self.tier[victims] = HOST
-        self.tier[pages] = DEVICE
-        self.frames[frames], self.frame[pages] = pages, frames
-        self.last_use[pages] = np.arange(self.tick + 1, self.tick + n + 1)  # the fault's tick, then each hit's
-        self.loaded[pages] = np.arange(self.seq, self.seq + n)
-        self.ref[pages] = True
-        self.seq, self.tick = self.seq + n, self.tick + n
-        self.n_device += nf
-        self.n_host -= nf
+        nf = self._load_run(pages)  # last_use: the fault's tick, then each hit's
         evicted = np.maximum(np.minimum(np.arange(1, n_groups + 1) * g - nf, g), 0)  # victims of each fault
         busy = (g + evicted) * ps / self.link_bandwidth
         step = self.fault_latency + busy + (g - 1) * t_hit  # a fault, then the group's hits
