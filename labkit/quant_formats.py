@@ -38,14 +38,15 @@ def bits_per_weight(fmt: str) -> float:
     return 8 * BLOCK_BYTES[fmt] / BLOCK
 
 
-def _blocks_of(x) -> tuple[np.ndarray, tuple[int, ...]]:
+def _blocks_of(x, block: int = BLOCK) -> tuple[np.ndarray, tuple[int, ...]]:
+    """x (float32, finite, last dimension a multiple of `block`) as rows of `block` values, and its shape."""
     if not isinstance(x, np.ndarray) or x.dtype != np.float32:
         raise TypeError(f"x must be a float32 numpy array, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim < 1 or x.shape[-1] == 0 or x.shape[-1] % BLOCK:
-        raise ValueError(f"x's last dimension must be a positive multiple of {BLOCK}, got shape {x.shape}")
+    if x.ndim < 1 or x.shape[-1] == 0 or x.shape[-1] % block:
+        raise ValueError(f"x's last dimension must be a positive multiple of {block}, got shape {x.shape}")
     if not np.isfinite(x).all():
         raise ValueError("x must be finite (no NaN or inf)")
-    return x.reshape(-1, BLOCK), x.shape
+    return x.reshape(-1, block), x.shape
 
 
 def _fp16(v: np.ndarray, what: str) -> np.ndarray:
@@ -165,13 +166,7 @@ def quantize_nf4(x: np.ndarray, block: int = 64) -> tuple[np.ndarray, np.ndarray
     Each value goes to the nearest level of x / absmax (a value halfway between two levels goes up)."""
     if not isinstance(block, int) or isinstance(block, bool) or block < 1:
         raise ValueError(f"block must be a positive int, got {block!r}")
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        raise TypeError(f"x must be a float32 numpy array, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim < 1 or x.shape[-1] == 0 or x.shape[-1] % block:
-        raise ValueError(f"x's last dimension must be a positive multiple of block={block}, got shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("x must be finite (no NaN or inf)")
-    xb = x.reshape(-1, block)
+    xb, _ = _blocks_of(x, block)
     absmax = np.abs(xb).max(axis=1)
     scaled = xb / np.where(absmax > 0, absmax, F32(1))[:, None]
     levels = nf4_levels()
