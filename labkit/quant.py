@@ -156,8 +156,11 @@ def quantize(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size: i
             raise ValueError(f"w's range max - min in group {tuple(bad)} ({float(lo[tuple(bad)]):.4g} .. "
                              f"{float(hi[tuple(bad)]):.4g}) overflows float32; expected a range below 3.4e38 "
                              f"(scale the weights down)")
-        floor = torch.maximum(lo.abs(), hi.abs()) / 2 ** 14  # bounds |zero| by 2**14 + 2**(bits-1)
-        scale = torch.maximum(scale, floor)
+        floor = torch.maximum(lo.abs(), hi.abs()).double() / 2 ** 14  # bounds |zero| by 2**14 + 2**(bits-1)
+        wanted = torch.maximum(scale.double(), floor)
+        scale = wanted.float()
+        # float32 rounding (coarse for subnormal weights) must not shrink the step below the floor
+        scale = torch.where(scale.double() < wanted, torch.nextafter(scale, torch.full_like(scale, math.inf)), scale)
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero group
         zero = qmin - torch.round(lo / scale)
         codes = (torch.round(x / scale[..., None]) + zero[..., None]).clamp_(qmin, qmax)
