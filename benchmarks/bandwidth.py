@@ -1,4 +1,4 @@
-"""labkit.hardware.measure_bandwidth against a plain numpy measurement, in one run.
+"""labkit.memory_wall.hardware.measure_bandwidth against a plain numpy measurement, in one run.
 
     python benchmarks/bandwidth.py
 
@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from labkit.hardware import measure_bandwidth
+from labkit.memory_wall.hardware import measure_bandwidth
 
 
 def plain_numpy(nbytes: int = 512 * 2**20, repeats: int = 3) -> dict:

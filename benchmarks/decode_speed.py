@@ -12,8 +12,10 @@ import time
 
 import torch
 
-from labkit import data
-from labkit.model import load_pretrained
+from labkit.rng import Rng
+from labkit.tinylm import ByteTokenizer
+from labkit.tinylm import corpus as data
+from labkit.tinylm import load_pretrained
 
 
 def tokens_per_s(model, prompt: list[int], n: int, use_cache: bool, repeats: int = 5) -> float:

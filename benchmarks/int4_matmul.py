@@ -6,7 +6,7 @@ Goals: QuantLinear INT4 batch-1 forward on a 4096x4096 layer at least 2x faster 
 torch.nn.functional.linear in FP32; quantizing a 4096x4096 matrix at group size 32 in at most 0.5 s.
 Also prints BF16 F.linear, the reference (tiled dequantize-multiply-accumulate) path, and the effective
 weight bandwidth of each (weight bytes read per call / time) next to this machine's measured memory
-bandwidth (labkit.hardware.measure_bandwidth: the higher of its 1-core read and all-thread read), and each
+bandwidth (labkit.memory_wall.hardware.measure_bandwidth: the higher of its 1-core read and all-thread read), and each
 case's share of that roof. Eight distinct matrices are cycled so that the weights come from main memory,
 not from the last-level cache. Copy the output into benchmarks/RESULTS.md.
 """
@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from labkit.hardware import measure_bandwidth
+from labkit.memory_wall.hardware import measure_bandwidth
 from labkit.quant import QuantLinear, quantize
 
 N = K = 4096

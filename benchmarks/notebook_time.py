@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.classroom import execute
+from labkit.course.classroom import execute
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,9 +11,10 @@ import math
 
 import torch
 
-from labkit import calibrate, data
-from labkit.eval import perplexity, task_correct
-from labkit.model import load_pretrained
+from labkit.quant import gptq as calibrate
+from labkit.tinylm import corpus as data
+from labkit.tinylm import perplexity, task_correct
+from labkit.tinylm import load_pretrained
 from labkit.quant import quantize_model
 
 ALL = ("embedding", "attention", "mlp")

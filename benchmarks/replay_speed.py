@@ -8,7 +8,7 @@ recorded decode steps scaled to the Llama-2 7B / 70B layouts (FP16 weights, FP16
 positions). Baseline: the same simulator fed one page per call (a Python loop per page), on the first
 pages of the same trace. Prints accesses/s per scenario and the ratio; copy the output into RESULTS.md.
 
-Then the cases that do not take a batched path, on synthetic traces (labkit.um_explore.synthetic_trace,
+Then the cases that do not take a batched path, on synthetic traces (labkit.unified_memory.explore.synthetic_trace,
 4096 pages of 4 KiB, device = 1024 pages, 200,000 accesses): clock without prefetch on a sweep (batched
 since _clock_run), LRU on random pages (every fault alone), density prefetch on a sweep (every fault
 alone), each against the same pool fed one page per call on the first 20,000 accesses.
@@ -20,8 +20,9 @@ import time
 import numpy as np
 
 from labkit import specs
-from labkit.model import load_pretrained
-from labkit.traces import layout, record_decode_trace, scale_trace, total_bytes, trace_pages
+from labkit.tinylm import load_pretrained
+from labkit.tinylm import record_decode_trace
+from labkit.unified_memory.layouts import layout, scale_trace, total_bytes, trace_pages
 from labkit.unified_memory import UnifiedMemory
 
 GB = 10**9
@@ -46,7 +47,7 @@ def replay(pages, nbytes, device_bytes, tokens, **kw):
 
 
 def synthetic_cases() -> None:
-    from labkit.um_explore import synthetic_trace
+    from labkit.unified_memory.explore import synthetic_trace
     n_pages, dev, length = 4096, 1024, 200_000
     cases = [("sweep, clock, no prefetch", "sequential", {"eviction": "clock"}),
              ("sweep, LRU, no prefetch", "sequential", {}),

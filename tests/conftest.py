@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import settings
 
-from labkit.model import load_pretrained
+from labkit.tinylm import load_pretrained
 
 # The same examples on every run and every machine: CI's verdict never depends on the draw. To explore
 # other examples by hand, load the "default" profile instead.

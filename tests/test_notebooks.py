@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from labkit import classroom
+from labkit.course import classroom
 
 NOTEBOOKS = sorted(classroom.NOTEBOOKS.glob("*.ipynb"))
 IGNORE = re.compile(r"^\s*#+\s*NBVAL_(IGNORE_OUTPUT|SKIP)\s*$", re.M)  # nbval needs the marker alone

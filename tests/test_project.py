@@ -54,9 +54,15 @@ def test_layout():
 
 
 def test_tests_mirror_labkit():
-    for module in (ROOT / "labkit").glob("*.py"):
-        if module.name not in ("__init__.py", "__main__.py"):
-            assert (ROOT / "tests" / f"test_{module.name}").exists(), f"no tests for labkit/{module.name}"
+    """labkit/<package>/<module>.py is tested in tests/<package>/test_<module>.py, at every depth."""
+    missing = []
+    for module in (ROOT / "labkit").rglob("*.py"):
+        if module.name in ("__init__.py", "__main__.py"):
+            continue
+        rel = module.relative_to(ROOT / "labkit")
+        if not (ROOT / "tests" / rel.parent / f"test_{rel.name}").exists():
+            missing.append(f"labkit/{rel} (tests/{rel.parent / ('test_' + rel.name)})")
+    assert not missing, "no tests for " + ", ".join(sorted(missing))
 
 
 def test_two_commands():

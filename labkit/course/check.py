@@ -1,0 +1,144 @@
+"""Exercise checks: compare a learner's function with the reference and print one verdict line.
+
+Each lab defines its exercises once, in its package's `exercises.py`, as `Exercise` objects (the
+reference, fixed cases, a random-case generator, the tolerance); the check cell after every exercise and
+a test that proves each reference passes its own check both use them:
+
+    count_params = check.exercise(count_params, tinylm_exercises.COUNT_PARAMS)
+
+prints one of
+
+    [PASS] count_params matches the reference on 1 fixed and 20 random cases.
+    [FAIL] count_params(TinyLMConfig(...)) returned {...}; expected {...}.
+    [TODO] count_params: not implemented yet; the notebook goes on with the reference implementation.
+
+and returns the function the rest of the notebook should use: the learner's when it passes, the
+reference otherwise, so a learner who skips an exercise can still run everything after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .._checks import check_number, check_positive_int
+from ..rng import Rng
+
+
+def _short(x: Any, limit: int = 160) -> str:
+    s = repr(x)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def same(got: Any, expected: Any, rtol: float = 1e-6, atol: float = 1e-9) -> bool:
+    """Equality for answers: exact for ints, strings and bools; close for floats, tensors and arrays;
+    recursive for dicts, lists and tuples."""
+    if isinstance(expected, torch.Tensor):
+        return (isinstance(got, torch.Tensor) and got.shape == expected.shape
+                and torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol))
+    if isinstance(expected, np.ndarray):
+        got = np.asarray(got)
+        return got.shape == expected.shape and bool(np.allclose(got, expected, rtol=rtol, atol=atol))
+    if isinstance(expected, dict):
+        return (isinstance(got, dict) and set(got) == set(expected)
+                and all(same(got[k], expected[k], rtol, atol) for k in expected))
+    if isinstance(expected, (list, tuple)):
+        return (isinstance(got, (list, tuple)) and len(got) == len(expected)
+                and all(same(g, e, rtol, atol) for g, e in zip(got, expected)))
+    if isinstance(expected, (bool, str)):
+        return got == expected
+    if isinstance(expected, int) and isinstance(got, int) and not isinstance(got, bool):
+        return got == expected
+    if isinstance(expected, (int, float)) and not isinstance(got, (bool, str)):
+        try:
+            return math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol)
+        except (TypeError, ValueError):
+            return False
+    return got == expected
+
+
+def difference(got: Any, expected: Any) -> str:
+    """Where `got` first differs from `expected`, in words (for the [FAIL] line)."""
+    if isinstance(expected, dict) and isinstance(got, dict):
+        if set(got) != set(expected):
+            return f"keys {sorted(map(str, got))}, expected keys {sorted(map(str, expected))}"
+        for k in expected:
+            if not same(got[k], expected[k]):
+                return f"[{k!r}] = {_short(got[k], 60)}, expected {_short(expected[k], 60)}"
+    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)) and len(got) == len(expected):
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if not same(g, e):
+                return f"item {i} = {_short(g, 60)}, expected {_short(e, 60)}"
+    if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        err = (got.double() - expected.double()).abs()
+        return f"a tensor off by up to {err.max().item():.3g} (flat index {int(err.flatten().argmax())})"
+    return f"{_short(got)}, expected {_short(expected)}"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise, defined once: its name, the reference implementation, fixed cases (tuples of
+    arguments), a generator of random cases (rng -> tuple), and the tolerance of the comparison."""
+    name: str
+    reference: Callable
+    cases: Sequence[tuple] = ()
+    random_case: Callable[[Rng], tuple] | None = None
+    n_random: int = 20
+    rtol: float = 1e-6
+    atol: float = 1e-9
+    compare: Callable[[Any, Any], bool] | None = field(default=None, repr=False)
+
+    def check(self, fn: Callable, seed: int = 0) -> Callable:
+        """check.exercise(fn, self): print the verdict, return the function the notebook goes on with."""
+        return exercise(fn, self, seed=seed)
+
+
+def exercise(fn: Callable, reference: Callable | Exercise, cases: Sequence[tuple] = (),
+             random_case: Callable[[Rng], tuple] | None = None, n_random: int = 20, seed: int = 0,
+             compare: Callable[[Any, Any], bool] | None = None, name: str | None = None,
+             rtol: float = 1e-6, atol: float = 1e-9) -> Callable:
+    """Run `fn` and `reference` on every fixed case (a tuple of arguments) and on `n_random` cases made by
+    `random_case(rng)`; print one verdict line; return `fn` if it matched everywhere, else `reference`.
+    `reference` may be an Exercise, which then supplies the cases, the generator and the tolerance.
+    Answers are compared with `compare`, or by `same` within rtol / atol."""
+    if isinstance(reference, Exercise):
+        ex = reference
+        reference, cases, random_case, n_random = ex.reference, ex.cases, ex.random_case, ex.n_random
+        compare, rtol, atol = ex.compare, ex.rtol, ex.atol
+    if not callable(fn) or not callable(reference):
+        raise TypeError("fn and reference must be callables")
+    check_positive_int("n_random", n_random, allow_zero=True)
+    check_number("rtol", rtol, low=0.0)
+    check_number("atol", atol, low=0.0)
+    if not cases and (random_case is None or n_random == 0):
+        raise ValueError("give at least one fixed case, or a random_case generator and n_random >= 1")
+    if compare is None:
+        compare = lambda got, expected: same(got, expected, rtol, atol)  # noqa: E731
+    name = name or getattr(fn, "__name__", "your function")
+    if fn is reference:  # the check cell was re-run after it had handed out the reference
+        print(f"[TODO] {name} is the reference: run your exercise cell above first, then this check.")
+        return reference
+    rng = Rng(seed)
+    all_cases = [tuple(c) for c in cases] + [tuple(random_case(rng)) for _ in range(n_random if random_case else 0)]
+    for args in all_cases:
+        call = f"{name}({', '.join(_short(a, 300) for a in args)})"
+        try:
+            got = fn(*copy.deepcopy(args))  # copies: a function that changes its input spoils nothing
+        except NotImplementedError:
+            print(f"[TODO] {name}: not implemented yet; the notebook goes on with the reference implementation.")
+            return reference
+        except Exception as e:  # a learner's bug: report it, do not stop the notebook
+            print(f"[FAIL] {call} raised {type(e).__name__}: {e}; the notebook goes on with the reference.")
+            return reference
+        expected = reference(*copy.deepcopy(args))
+        if not compare(got, expected):
+            print(f"[FAIL] {call} returned {difference(got, expected)}. The notebook goes on with the reference.")
+            return reference
+    n_fixed = len(cases)
+    print(f"[PASS] {name} matches the reference on {n_fixed} fixed and {len(all_cases) - n_fixed} random cases.")
+    return fn

@@ -1,0 +1,35 @@
+"""How notebooks print results: aligned tables and the fact-check verdicts every lab gives the source
+material's claims (notebooks 01-03, and each later lab's fact-check)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def table(rows: list[dict], digits: int = 3) -> str:
+    """Rows of dicts as an aligned text table (floats rounded to `digits` significant digits)."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise TypeError(f"rows must be a list of dicts, got {type(rows).__name__}")
+    if not rows:
+        return "(no rows)"
+    fmt = lambda v: f"{v:.{digits}g}" if isinstance(v, float) else str(v)  # noqa: E731
+    cols = list(rows[0])
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    width = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, width))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, width)) for row in cells]
+    return "\n".join(lines)
+
+
+def verdict(claim: str, arithmetic: Sequence[str], judgement: str, holds_if: str) -> str:
+    """Print (and return) one fact-check: the claim, the arithmetic behind the verdict line by line, the
+    verdict, and the conditions under which the claim holds."""
+    for name, v in (("claim", claim), ("judgement", judgement), ("holds_if", holds_if)):
+        if not isinstance(v, str) or not v:
+            raise TypeError(f"{name} must be a non-empty str, got {v!r}")
+    if isinstance(arithmetic, str) or not all(isinstance(line, str) for line in arithmetic):
+        raise TypeError(f"arithmetic must be a list of str lines, got {arithmetic!r}")
+    text = (f"CLAIM    {claim}\n" + "".join(f"         {line}\n" for line in arithmetic)
+            + f"VERDICT  {judgement}\nHOLDS IF {holds_if}\n")
+    print(text)
+    return text

@@ -1,0 +1,162 @@
+"""TinyLM, the course model: a Llama-style decoder small enough to train on 2 CPU cores (notebook 00;
+every later lab quantizes, shards, pages or serves it).
+
+    tokens -> tok_emb -> [ RMSNorm -> attention (RoPE, GQA) -> +residual
+                           RMSNorm -> SwiGLU MLP            -> +residual ] x n_layers
+           -> RMSNorm -> lm_head (tied to tok_emb by default) -> logits
+
+Grouped-query attention: n_heads query heads share n_kv_heads key/value heads (n_heads / n_kv_heads
+query heads per group), which shrinks the KV cache by that factor (notebook 05).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .cache import Cache
+from .config import TinyLMConfig
+from .generate import generate
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich, 2019)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, each [max_seq_len, head_dim], for rotary positions (Su et al., 2021), half-split layout."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, D] by position: pairs (i, i + D/2) turn by angle pos * theta^(-2i/D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TinyLMConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x, cos, sin, cache: Cache | None = None, layer: int = 0, start: int = 0):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # [B, H, T, hd]
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # every cached position and the new ones: [B, Hkv, start + T, hd]
+        group = self.n_heads // self.n_kv_heads  # query heads per key/value head
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if T == 1:
+            out = F.scaled_dot_product_attention(q, k, v)  # one new token sees every cached position
+        elif start == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # a chunk after cached tokens: query i sits at position start + i
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer, 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: TinyLMConfig):
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TinyLMConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache=None, layer=0, start=0):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, start)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, cfg: TinyLMConfig):
+        super().__init__()
+        if not isinstance(cfg, TinyLMConfig):
+            raise TypeError(f"cfg must be a TinyLMConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] for tokens [B, T]. With a cache (anything that implements
+        labkit.tinylm.cache.Cache), the tokens continue the cached sequence at positions cache.length ...,
+        and their keys and values are handed to the cache."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long:
+            raise TypeError(f"tokens must be a 2-D int64 tensor [batch, time], got "
+                            f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be a 2-D int64 tensor [batch, time], got shape {tuple(tokens.shape)}")
+        if cache is not None and not isinstance(cache, Cache):
+            raise TypeError(f"cache must implement labkit.tinylm.cache.Cache (length, max_len, update, advance) "
+                            f"or be None, got {type(cache).__name__}")
+        B, T = tokens.shape
+        start = 0 if cache is None else cache.length
+        limit = self.cfg.max_seq_len if cache is None else min(cache.max_len, self.cfg.max_seq_len)
+        if B < 1 or T < 1 or start + T > limit:
+            raise ValueError(f"sequence length {start + T} (cached {start} + new {T}, batch {B}) must be in "
+                             f"[1, {limit}] (the model's context is {self.cfg.max_seq_len} tokens)")
+        if cache is not None and getattr(cache, "cfg", self.cfg) != self.cfg:
+            raise ValueError("cache was built for another config; build it with KVCache(model.cfg, ...)")
+        if cache is not None and getattr(cache, "batch_size", B) != B:
+            raise ValueError(f"tokens batch size {B} does not match the cache's batch size {cache.batch_size}")
+        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.tok_emb(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, start)
+        if cache is not None:
+            cache.advance(T)
+        return self.lm_head(self.norm(x))
+
+    def generate(self, prompt, max_new_tokens: int, **kw) -> list[int]:
+        """labkit.tinylm.generate.generate(self, ...): new token ids after `prompt`."""
+        return generate(self, prompt, max_new_tokens, **kw)

@@ -1,0 +1,111 @@
+import pytest
+import torch
+
+from labkit.course import check
+from labkit.rng import Rng
+from labkit.tinylm import corpus as data
+from labkit import tinylm as lm
+
+
+def reference(cfg):
+    return lm.param_counts(cfg)
+
+
+CASES = [(lm.TinyLMConfig(),)]
+
+
+def random_case(rng):
+    return (lm.random_config(rng),)
+
+
+def run(fn, capsys, **kw):
+    used = check.exercise(fn, reference, cases=CASES, random_case=random_case, **kw)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1, "one verdict line"
+    return used, lines[0]
+
+
+def test_pass_returns_the_learners_function(capsys):
+    def mine(cfg):
+        return dict(lm.param_counts(cfg))
+    used, line = run(mine, capsys)
+    assert used is mine
+    assert line == "[PASS] mine matches the reference on 1 fixed and 20 random cases."
+
+
+def test_not_implemented_falls_back_to_the_reference(capsys):
+    def mine(cfg):
+        raise NotImplementedError("exercise: write this part")
+    used, line = run(mine, capsys)
+    assert used is reference
+    assert line.startswith("[TODO] mine: not implemented yet")
+
+
+def test_wrong_answer_names_the_input_and_the_difference(capsys):
+    def mine(cfg):  # forgets that untied embeddings count twice
+        counts = lm.param_counts(cfg)
+        if not cfg.tie_embeddings:
+            counts["embedding"] //= 2
+        return counts
+    used, line = run(mine, capsys)
+    assert used is reference
+    assert line.startswith("[FAIL] mine(TinyLMConfig(") and "tie_embeddings=False" in line
+    assert "returned ['embedding'] = " in line and ", expected " in line
+
+
+def test_a_crash_is_reported_not_raised(capsys):
+    def mine(cfg):
+        return 1 / 0
+    used, line = run(mine, capsys)
+    assert used is reference
+    assert "raised ZeroDivisionError" in line
+
+
+def test_verdict_is_deterministic(capsys):
+    def mine(cfg):
+        return {**lm.param_counts(cfg), "norm": 0} if cfg.n_layers == 3 else lm.param_counts(cfg)
+    assert run(mine, capsys)[1] == run(mine, capsys)[1]
+
+
+@pytest.mark.parametrize("got, expected, ok", [
+    (3, 3, True), (3.0000000001, 3, True), (350_000_000_001, 350_000_000_000, False), (3.0, 3, True), (3.1, 3, False), ("a", "a", True), ("a", "b", False),
+    ({"a": 1}, {"a": 1}, True), ({"a": 1}, {"a": 1, "b": 2}, False), ([1, 2], (1, 2), True),
+    (torch.ones(2), torch.ones(2), True), (torch.ones(3), torch.ones(2), False), (True, False, False),
+    (None, 1.0, False), ("1", 1, False),
+])
+def test_same(got, expected, ok):
+    assert check.same(got, expected) is ok
+
+
+def test_a_function_that_changes_its_input_does_not_spoil_the_reference(capsys):
+    def mine(xs):
+        xs.append(0)
+        return sum(xs)
+    used = check.exercise(mine, lambda xs: sum(xs) + 1, cases=[([1, 2],)])
+    assert used is not mine and "returned 3, expected 4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("got, expected, words", [
+    ([1, 2, 3], [1, 5, 3], "item 1 = 2, expected 5"),
+    ({"a": 1}, {"b": 1}, "keys ['a'], expected keys ['b']"),
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]), "a tensor off by up to 0.5 (flat index 1)"),
+    ("x", 3, "'x', expected 3"),
+])
+def test_difference_says_where(got, expected, words):
+    assert check.difference(got, expected) == words
+
+
+def test_rerunning_the_check_on_the_reference_is_not_a_pass(capsys):
+    used, line = run(reference, capsys)
+    assert used is reference and line.startswith("[TODO] reference is the reference: run your exercise cell")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="at least one fixed case"):
+        check.exercise(reference, reference)
+    with pytest.raises(ValueError, match="at least one fixed case"):
+        check.exercise(reference, reference, random_case=random_case, n_random=0)
+    with pytest.raises(ValueError, match="n_random must be a non-negative int, got -1"):
+        check.exercise(reference, reference, cases=CASES, n_random=-1)
+    with pytest.raises(TypeError, match="callables"):
+        check.exercise(None, reference, cases=CASES)

@@ -1,0 +1,238 @@
+"""labkit.quant against a per-group loop in numpy float32 (written independently), plus invariants."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from labkit.quant import qtensor as quant
+
+
+def brute_quantize(w: np.ndarray, bits: int, scheme: str, group: int):
+    """Codes, scales, zero points and the dequantized matrix, one group at a time (float32 arithmetic)."""
+    qmin, qmax = -2 ** (bits - 1), 2 ** (bits - 1) - 1
+    out, inp = w.shape
+    codes = np.zeros((out, inp), np.int64)
+    deq = np.zeros((out, inp), np.float32)
+    scales, zeros = np.zeros((out, inp // group), np.float32), np.zeros((out, inp // group), np.int64)
+    for r in range(out):
+        for gi in range(inp // group):
+            x = w[r, gi * group:(gi + 1) * group].astype(np.float32)
+            if scheme == "sym":
+                a = np.float32(np.abs(x).max())
+                s = a / np.float32(qmax) if a > 0 else np.float32(1)
+                z = 0
+            else:
+                lo, hi = np.float32(x.min()), np.float32(x.max())
+                s = (hi - lo) / np.float32(2 ** bits - 1)
+                if s == 0:
+                    s = np.float32(abs(lo)) if lo != 0 else np.float32(1)
+                z = int(qmin - np.round(lo / s))
+            for k in range(group):
+                c = int(min(max(np.round(x[k] / s) + z, qmin), qmax))
+                codes[r, gi * group + k] = c
+                deq[r, gi * group + k] = np.float32(c - z) * s
+            scales[r, gi], zeros[r, gi] = s, z
+    return codes, scales, zeros, deq
+
+
+@pytest.mark.parametrize("bits, scheme, group", [(4, "asym", 32), (4, "sym", 32), (8, "asym", 16),
+                                                 (3, "sym", 64), (2, "asym", 8), (4, "asym", 64)])
+def test_matches_the_per_group_loop(bits, scheme, group):
+    g = torch.Generator().manual_seed(bits * 100 + group)
+    w = torch.randn(6, 64, generator=g) * 0.05 + torch.linspace(-0.1, 0.2, 64)  # shifted columns
+    q = quant.quantize(w, bits, scheme, group)
+    codes, scales, zeros, deq = brute_quantize(w.numpy(), bits, scheme, group)
+    assert q.codes.dtype == torch.int8 and q.codes.shape == w.shape
+    assert np.array_equal(q.codes.numpy(), codes)
+    assert np.array_equal(q.scale.numpy(), scales)
+    assert (q.zero is None) == (scheme == "sym")
+    if q.zero is not None:
+        assert q.zero.dtype == torch.int32 and np.array_equal(q.zero.numpy(), zeros)
+    assert np.array_equal(q.dequantize().numpy(), deq)
+    assert (q.bits, q.group_size, q.scheme, q.shape) == (bits, group, scheme, (6, 64))
+
+
+def test_channel_and_tensor_are_groups_of_a_row_and_of_everything():
+    w = torch.randn(8, 32, generator=torch.Generator().manual_seed(1))
+    for scheme in quant.SCHEMES:
+        ch = quant.quantize(w, 4, scheme, "channel")
+        assert ch.scale.shape == (8, 1) and ch.group_len == 32
+        assert torch.equal(ch.dequantize(), quant.quantize(w, 4, scheme, 32).dequantize())
+        t = quant.quantize(w, 4, scheme, "tensor")
+        assert t.scale.shape == (1, 1) and t.group_len == 256
+        flat = quant.quantize(w.reshape(1, -1), 4, scheme, 256)
+        assert torch.equal(t.dequantize(), flat.dequantize().reshape(8, 32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(bits=st.sampled_from(quant.BITS), scheme=st.sampled_from(quant.SCHEMES),
+       group=st.sampled_from([1, 2, 4, 8, "channel", "tensor"]),
+       values=st.lists(st.floats(-100, 100, width=32), min_size=16, max_size=16),
+       shift=st.sampled_from([0.0, 3.0, -50.0]))
+def test_round_trip_error_is_at_most_half_a_step(bits, scheme, group, values, shift):
+    w = torch.tensor(values, dtype=torch.float32).reshape(2, 8) + shift
+    q = quant.quantize(w, bits, scheme, group)
+    qmin, qmax = -2 ** (bits - 1), 2 ** (bits - 1) - 1
+    assert int(q.codes.min()) >= qmin and int(q.codes.max()) <= qmax
+    assert (q.scale > 0).all()
+    step = q.scale.reshape(-1)
+    err = (q.dequantize() - w).abs()
+    per_group = err.reshape(1, -1) if group == "tensor" else err.reshape(2, -1, q.group_len)
+    worst = per_group.amax(-1).reshape(-1)
+    assert (worst <= step / 2 * (1 + 1e-4) + 1e-5 * w.abs().max()).all()
+
+
+def test_constant_and_zero_groups_round_trip_exactly():
+    w = torch.tensor([[0.0] * 4 + [1.5] * 4 + [-2.0] * 4 + [7e-30] * 4])
+    for scheme in quant.SCHEMES:
+        q = quant.quantize(w, 4, scheme, 4)
+        assert torch.equal(q.dequantize(), w), scheme
+
+
+def test_asymmetric_wins_on_shifted_weights_and_is_close_on_centred_ones():
+    g = torch.Generator().manual_seed(0)
+    centred = torch.randn(64, 256, generator=g)
+    shifted = torch.rand(64, 256, generator=g)  # all positive: half of the symmetric grid is wasted
+    mse = {name: {s: quant.quant_error(w, quant.quantize(w, 4, s, 32).dequantize())["mse"] for s in quant.SCHEMES}
+           for name, w in (("centred", centred), ("shifted", shifted))}
+    assert mse["shifted"]["asym"] < 0.35 * mse["shifted"]["sym"]
+    assert 0.6 * mse["centred"]["sym"] < mse["centred"]["asym"] < mse["centred"]["sym"]
+
+
+def test_finer_groups_and_more_bits_lower_the_error():
+    w = torch.randn(32, 128, generator=torch.Generator().manual_seed(2))
+    w[3, 5] = 12.0  # one outlier hurts its whole group
+    mse = [quant.quant_error(w, quant.quantize(w, 4, "asym", g).dequantize())["mse"]
+           for g in (32, 64, 128, "tensor")]
+    assert mse == sorted(mse)
+    assert quant.quant_error(w, quant.quantize(w, 8).dequantize())["mse"] < mse[0] / 100
+
+
+def test_quant_error_against_the_formulas():
+    w = torch.tensor([[1.0, -2.0, 3.0, 0.5]])
+    w_hat = torch.tensor([[1.0, -2.5, 3.0, 0.0]])
+    e = quant.quant_error(w, w_hat)
+    assert e["mse"] == pytest.approx((0.25 + 0.25) / 4)
+    assert e["sqnr_db"] == pytest.approx(10 * math.log10((1 + 4 + 9 + 0.25) / 0.5))
+    assert e["max_abs"] == 0.5
+    assert quant.quant_error(w, w.clone())["sqnr_db"] == math.inf
+    with pytest.raises(ValueError, match=r"w_hat must have w's shape \(1, 4\), got \(4,\)"):
+        quant.quant_error(w, w_hat[0])
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"bits": 5}, ValueError, r"bits must be one of \(2, 3, 4, 8\) \(an int\), got 5"),
+    ({"bits": 4.0}, ValueError, r"\(an int\), got 4.0"),
+    ({"bits": True}, ValueError, r"\(an int\), got True"),
+    ({"scheme": "affine"}, ValueError, r"scheme must be one of \('asym', 'sym'\), got 'affine'"),
+    ({"group_size": 48}, ValueError, "group_size 48 must divide the input dimension 64"),
+    ({"group_size": 0}, ValueError, "group_size must be a positive int, 'channel' or 'tensor', got 0"),
+    ({"group_size": "row"}, ValueError, "got 'row'"),
+])
+def test_bad_arguments_are_named(kwargs, error, message):
+    w = torch.randn(4, 64)
+    before = w.clone()
+    with pytest.raises(error, match=message):
+        quant.quantize(w, **kwargs)
+    assert torch.equal(w, before)  # the input is untouched, and still quantizes
+    assert quant.quantize(w).shape == (4, 64)
+
+
+@pytest.mark.parametrize("w, error, message", [
+    (torch.tensor([[1.0, float("nan")]]), ValueError, r"finite; found nan at index \(0, 1\)"),
+    (torch.tensor([[float("inf"), 1.0]]), ValueError, "found inf"),
+    (torch.zeros(0, 4), ValueError, "non-empty 2-D"),
+    (torch.zeros(8), ValueError, r"got shape \(8,\)"),
+    (torch.zeros(2, 4, dtype=torch.int32), TypeError, "floating-point"),
+    (np.zeros((2, 4)), TypeError, "torch.Tensor, got ndarray"),
+])
+def test_bad_weights_are_refused(w, error, message):
+    with pytest.raises(error, match=message):
+        quant.quantize(w, group_size=2)
+
+
+def brute_pack(codes: list[int], layout: str) -> bytes:
+    n = [c + 8 for c in codes]
+    if layout == "adjacent":
+        n += [8] * (len(n) % 2)
+        return bytes(n[i] | n[i + 1] << 4 for i in range(0, len(n), 2))
+    return bytes(n[b + j] | n[b + j + 16] << 4 for b in range(0, len(n), 32) for j in range(16))
+
+
+@settings(max_examples=60, deadline=None)
+@given(codes=st.lists(st.integers(-8, 7), min_size=1, max_size=96), layout=st.sampled_from(["adjacent", "llama"]))
+def test_pack_matches_byte_loop_and_unpacks(codes, layout):
+    if layout == "llama":
+        codes = (codes * 32)[:32 * max(1, len(codes) // 32)]
+    t = torch.tensor(codes, dtype=torch.int8)
+    packed = quant.pack_int4(t, layout)
+    assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(len(codes) / 2)
+    assert bytes(packed.tolist()) == brute_pack(codes, layout)
+    assert quant.unpack_int4(packed, len(codes), layout).tolist() == codes
+
+
+def test_pack_reads_any_shape_row_major_and_refuses_bad_codes():
+    codes = torch.tensor([[-8, 7], [0, -1]], dtype=torch.int8)
+    assert quant.pack_int4(codes).tolist() == [0 | 15 << 4, 8 | 7 << 4]
+    with pytest.raises(ValueError, match=r"codes must be in \[-8, 7\], got values in \[-9, 7\]"):
+        quant.pack_int4(torch.tensor([-9, 7]))
+    with pytest.raises(ValueError, match="integer tensor"):
+        quant.pack_int4(torch.tensor([0.5, 1.0]))
+    with pytest.raises(ValueError, match="multiple of 32 codes, got 30"):
+        quant.pack_int4(torch.zeros(30, dtype=torch.int8), "llama")
+    with pytest.raises(ValueError, match="numel must be 3 or 4 for 2 packed bytes, got 5"):
+        quant.unpack_int4(torch.zeros(2, dtype=torch.uint8), 5)
+    with pytest.raises(TypeError, match="uint8"):
+        quant.unpack_int4(torch.zeros(2, dtype=torch.int8), 4)
+
+
+def test_storage_accounting():
+    assert quant.quantized_bytes(32, 4, 32, "sym") * 8 / 32 == 4.5        # Q4_0's size
+    assert quant.quantized_bytes(32, 4, 32, "asym") * 8 / 32 == 5.0       # Q4_1's size
+    assert quant.quantized_bytes(128, 4, 128, "asym") * 8 / 128 == 4.25
+    w = torch.randn(16, 128)
+    q = quant.quantize(w, 4, "asym", 32)
+    assert q.nbytes() == 16 * 128 // 2 + 16 * 4 * 4 and q.bits_per_weight() == 5.0
+    assert quant.quantize(w, 8, "sym", "tensor").nbytes() == 16 * 128 + 2
+    with pytest.raises(ValueError, match="group_len must be a positive int, got 0"):
+        quant.quantized_bytes(8, 4, 0)
+
+
+def test_range_overflow_raises_instead_of_nan():
+    w = torch.tensor([[3e38, -3e38, 1.0, 0.0]])
+    with pytest.raises(ValueError, match=r"range max - min in group \(0, 0\) .* overflows float32"):
+        quant.quantize(w, 4, "asym", "channel")
+    q = quant.quantize(w, 4, "sym", "channel")  # symmetric needs only max|w|: finite
+    assert torch.isfinite(q.dequantize()).all()
+    big = torch.tensor([[1.7e38, -1.7e38, 1.0, 0.0]])  # the widest range that still fits
+    assert torch.isfinite(quant.quantize(big, 4, "asym", "channel").dequantize()).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(centre=st.floats(-1e6, 1e6), spread=st.floats(0, 1e-2), bits=st.sampled_from(quant.BITS))
+@example(centre=7.545197780695276e-41, spread=0.0, bits=2)   # subnormal: float32 rounds the step below the floor
+@example(centre=3e-39, spread=1e-40, bits=8)
+def test_zero_points_are_bounded_and_near_constant_groups_stay_accurate(centre, spread, bits):
+    g = torch.Generator().manual_seed(0)
+    w = (centre + spread * torch.rand(3, 32, generator=g)).float()
+    q = quant.quantize(w, bits, "asym", 32)
+    assert int(q.zero.abs().max()) <= 2 ** 14 + 2 ** (bits - 1) + 1  # fits in int16, as counted
+    err = (q.dequantize() - w).abs()
+    # half a step, and the step is at most the larger of the range's and |w| / 2**14
+    bound = torch.maximum((w.amax(1) - w.amin(1)) / (2 ** bits - 1), w.abs().amax(1) / 2 ** 14) / 2
+    # plus float32's absolute resolution, which only matters for subnormal weights (below 1.2e-38): there the
+    # stored step itself is off by up to 1.5 units of 2**-149, times |code - zero| <= 2**14 + 2**bits
+    subnormal = (2 ** 14 + 2 ** bits) * 1.5 * 2.0 ** -149
+    assert (err.amax(1) <= bound * (1 + 1e-3) + 1e-6 * w.abs().amax(1) + subnormal).all()
+
+
+def test_storage_of_zero_points_is_counted_at_16_bits():
+    w = torch.tensor([[1000.0, 1000.0001, 1000.0002, 1000.0] * 8])
+    q = quant.quantize(w, 4, "asym", 32)
+    assert -2 ** 15 <= int(q.zero.min()) and int(q.zero.max()) < 2 ** 15
+    assert q.nbytes() == 16 + 2 + 2
+    with pytest.raises(ValueError, match="zero_bytes=1 cannot hold zero points"):
+        q.nbytes(zero_bytes=1)

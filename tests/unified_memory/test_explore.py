@@ -1,0 +1,73 @@
+"""Notebook 02's experiment helpers: traces have their shape, summaries agree with a hand count."""
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from labkit.unified_memory import explore as ux
+
+
+def lru_by_hand(trace, n_frames):
+    frames, faults = OrderedDict(), 0
+    for p in trace:
+        if p in frames:
+            frames.move_to_end(p)
+        else:
+            faults += 1
+            if len(frames) == n_frames:
+                frames.popitem(last=False)
+            frames[p] = True
+    return faults, sorted(frames)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_replay_summary_is_lru(seed):
+    rng = np.random.default_rng(seed)
+    trace = rng.integers(0, 20, 300).tolist()
+    assert ux.replay_summary(trace, 7) == lru_by_hand(trace, 7)
+
+
+def test_synthetic_traces():
+    assert ux.synthetic_trace("sequential", 5, 12).tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
+    assert ux.synthetic_trace("strided", 6, 6, stride=2).tolist() == [0, 2, 4, 1, 3, 5]
+    hot = ux.synthetic_trace("hot", 1000, 10_000)
+    assert 0.85 < np.mean(hot < 100) < 0.95
+    r = ux.synthetic_trace("random", 50, 1000, seed=3)
+    assert r.min() >= 0 and r.max() < 50 and np.array_equal(r, ux.synthetic_trace("random", 50, 1000, seed=3))
+    with pytest.raises(ValueError, match="kind"):
+        ux.synthetic_trace("zigzag", 5, 5)
+
+
+def test_oversubscription_cliff_and_link_share():
+    trace = np.arange(64)
+    rows = ux.oversubscription(trace, 64, [0.5, 1.0], 4096, tokens=2)
+    assert rows[0]["faults"] == 64 and rows[1]["faults"] == 0  # LRU on a sweep: all or nothing
+    # a growing trace: token 1 reads pages 0..59, token 2 pages 0..61; device of 62 pages: only the two new
+    # pages fault in token 2; device of 31: every access of token 2 faults (LRU on a sweep)
+    grow = [np.arange(60), np.arange(62)]
+    rows = ux.oversubscription(grow, 64, [62 / 64, 31 / 64], 4096)
+    assert [r["faults"] for r in rows] == [2, 62] and rows[0]["fault_rate"] == pytest.approx(2 / 62)
+    um = ux.replay(trace, 64, 16, repeat=2)
+    share = ux.link_share(um)
+    assert share["transfer_s"] + share["latency_s"] + share["device_s"] == pytest.approx(share["time_s"])
+    assert share["latency_s"] == pytest.approx(128 * um.fault_latency)
+
+
+def test_replay_steps_by_hand():
+    # 4 frames, tokens read pages 0..3, 0..5, 0..5: token 2 hits 0..3 and faults on 4, 5; token 3 is an
+    # LRU sweep larger than the device: all 6 fault, each evicting a page
+    um, rows = ux.replay_steps([np.arange(4), np.arange(6), np.arange(6)], 8, 4, fault_latency=1e-5, link_bandwidth=4096 / 1e-6,
+                               device_bandwidth=1e30)
+    assert [(r["accesses"], r["faults"]) for r in rows] == [(4, 4), (6, 2), (6, 6)]
+    # token 3: 6 pages in, 6 out (the device was full): 12 us of transfer, 60 us of latency
+    assert rows[2]["transfer_s"] == pytest.approx(12e-6) and rows[2]["latency_s"] == pytest.approx(60e-6)
+    assert rows[2]["time_s"] == pytest.approx(72e-6) and rows[2]["link_busy"] == pytest.approx(12 / 72)
+    assert rows[1]["GB_moved"] == pytest.approx(4 * 4096 / 1e9) and um.stats.faults == 12
+
+
+def test_table_and_static_explorer(capsys):
+    text = ux.table([{"a": 1, "b": 0.123456}, {"a": 22, "b": 2.0}])
+    assert text.splitlines() == [" a      b", " 1  0.123", "22      2"]
+    rows = ux.explorer(n_pages=64, length=500, static=True)
+    assert len(rows) == 8 and "capacity_pct" in capsys.readouterr().out
+    assert all(r["hits"] + r["faults"] == 500 for r in rows)
