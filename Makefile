@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL_FLAGS) notebooks
 
 student: $(STAMP)
-	$(BIN)/python -m labkit.classroom student student
+	$(BIN)/python -m labkit.course.classroom student student
 
 clean:
 	rm -rf $(VENV) student

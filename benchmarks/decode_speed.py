@@ -7,30 +7,21 @@ without it at a 256-token context. Prints tokens/s and the ratio; records nothin
 output into benchmarks/RESULTS.md.
 """
 
-import statistics
-import time
-
 import torch
 
-from labkit.rng import Rng
-from labkit.tinylm import ByteTokenizer
-from labkit.tinylm import corpus as data
-from labkit.tinylm import load_pretrained
+from labkit.course import timing
+from labkit.tinylm import corpus, load_pretrained
 
 
 def tokens_per_s(model, prompt: list[int], n: int, use_cache: bool, repeats: int = 5) -> float:
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = model.generate(prompt, n, use_cache=use_cache)
-        rates.append(len(out) / (time.perf_counter() - t0))
-    return statistics.median(rates)
+    """Median tokens/s of `repeats` generations of n tokens (no stop token: exactly n each time)."""
+    return n / timing.measure(lambda: model.generate(prompt, n, use_cache=use_cache), repeats, warmup=0).median
 
 
 def main() -> None:
     model, tok = load_pretrained()
     ctx = model.cfg.max_seq_len
-    long_prompt = list(data.corpus("test", 192))
+    long_prompt = list(corpus.corpus("test", 192))
     short_prompt = tok.encode("The old sailor")
     model.generate(short_prompt, 8)  # warm-up
     cached_short = tokens_per_s(model, short_prompt, ctx - len(short_prompt), True)

@@ -4,23 +4,21 @@
 """
 
 import sys
-import time
 from pathlib import Path
 
 import nbformat
 
+from labkit.course import timing
 from labkit.course.classroom import execute
-
-ROOT = Path(__file__).resolve().parent.parent
+from labkit.paths import NOTEBOOKS
 
 
 def main(paths: list[str]) -> None:
-    paths = [Path(p) for p in paths] or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    paths = [Path(p) for p in paths] or sorted(NOTEBOOKS.glob("*.ipynb"))
     for path in paths:
         nb = nbformat.read(path, as_version=4)
-        t0 = time.perf_counter()
-        execute(nb, cwd=path.parent, timeout=600)
-        print(f"{path.name}: {time.perf_counter() - t0:.1f} s (kernel start included)")
+        seconds = timing.measure(lambda: execute(nb, cwd=path.parent, timeout=600), repeats=1, warmup=0).best
+        print(f"{path.name}: {seconds:.1f} s (kernel start included)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from importlib import metadata
 
 import labkit
 
+from .._checks import check_int
+
 
 def setup(min_version: str = "0.1.0", seed: int = 0) -> None:
     """Check labkit's version, fix every seed, set plot defaults; prints one line."""
@@ -23,8 +25,7 @@ def setup(min_version: str = "0.1.0", seed: int = 0) -> None:
         needed = Version(min_version)
     except (InvalidVersion, TypeError):
         raise ValueError(f"min_version must be a version string such as '0.1.0', got {min_version!r}") from None
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+    check_int("seed", seed, 0, 2**32 - 1)
     if Version(labkit.__version__) < needed:
         raise RuntimeError(f"this notebook needs labkit >= {min_version}, found {labkit.__version__}; "
                            f"run `make lab` from the repository root to update")

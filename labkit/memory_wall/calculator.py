@@ -6,23 +6,24 @@
 
 from __future__ import annotations
 
-import math
+import inspect
 
 from . import footprint as fp
 from .. import specs
+from .._checks import check_bool, fail
 
 
 def report(model: str = "llama-2-70b", precision: str = "bf16", batch: int = 1, context: int = 4096,
            device: str = "h100-sxm") -> str:
     """Memory and speed of serving `model` at `precision` for `batch` sequences of `context` tokens on
-    `device`, as a few lines of text (GB = 1e9 bytes). The decode ceiling is the lower of the memory ceiling
-    and the compute roof (the device's BF16 peak, or FP32 where it has none)."""
+    `device`, as a few lines of text (GB = 1e9 bytes). "fits on N" counts weights and KV cache
+    (footprint.devices_needed). The decode ceiling is the lower of the memory ceiling and the compute roof
+    (the device's BF16 peak, or FP32 where it has none)."""
     spec, dev = specs.model(model), specs.device(device)
     if dev.kind == "link":
-        raise ValueError(f"device must be a memory device, got the link {device!r}; "
-                         f"choose one of {specs.device_names('gpu') + specs.device_names('soc')}")
+        fail("device", device, f"a memory device, not a link: one of {tuple(_memory_devices())}")
     f = fp.footprint(spec, precision, batch, context)
-    n_devices = math.ceil(f["total"] / dev.memory_bytes)
+    n_devices = fp.devices_needed(spec, precision, batch, context, dev.memory_bytes)
     peak = dev.peak_flops.get("bf16", dev.peak_flops.get("fp32"))
     tokens = fp.decode_tokens_per_s(spec, precision, batch, context, dev.bandwidth, peak_flops=peak)
     lines = [f"{model} at {precision}: {spec.n_params / 1e9:,.1f} B parameters "
@@ -38,9 +39,21 @@ def report(model: str = "llama-2-70b", precision: str = "bf16", batch: int = 1, 
     return "\n".join(lines)
 
 
+def _memory_devices() -> list[str]:
+    return specs.device_names("gpu") + specs.device_names("soc")
+
+
 def calculator(static: bool = False, **settings):
     """Sliders (an ipywidgets.interactive) when ipywidgets is installed and `static` is False; otherwise print
-    report(**settings) and return None."""
+    report(**settings) and return None. `settings` are report()'s arguments (the sliders' start values);
+    unknown names are a TypeError, bad values are refused as report() refuses them, before any widget."""
+    check_bool("static", static)
+    known = list(inspect.signature(report).parameters)
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        fail("settings", settings, f"keyword arguments among {known} (unknown: {unknown})", TypeError)
+    defaults = {name: p.default for name, p in inspect.signature(report).parameters.items()} | settings
+    text = report(**defaults)  # refuses bad settings before anything is shown
     widgets = None
     if not static:
         try:
@@ -48,12 +61,10 @@ def calculator(static: bool = False, **settings):
         except ImportError:
             pass
     if widgets is None:
-        print(report(**settings))
+        print(text)
         return None
     w = widgets
-    memory_devices = specs.device_names("gpu") + specs.device_names("soc")
-    defaults = {"model": "llama-2-70b", "precision": "bf16", "batch": 1, "context": 4096, "device": "h100-sxm",
-                **settings}
+    memory_devices = _memory_devices()
     return w.interactive(
         lambda **kw: print(report(**kw)),
         model=w.Dropdown(options=specs.model_names(), value=defaults["model"]),

@@ -1,14 +1,15 @@
 """The capacity wall: how many bytes a model needs for weights, KV cache and activations.
 
-Used by notebook 01_memory_wall (the footprint calculator). Units: bytes; GB = 1e9 bytes.
+Used by notebook 01_memory_wall (footprints, decode ceilings, the calculator). Units: bytes, bytes/s,
+FLOP, tokens/s; GB = 1e9 bytes.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 
-from .roofline import _positive, decode_ceiling, weight_bytes
+from .roofline import decode_ceiling, weight_bytes
+from .._checks import check_positive, check_positive_int, check_type, fail, is_number
 from ..specs import ModelSpec
 
 # Bits per weight as stored, scales and zero points included (one fp16 scale, and for asymmetric formats
@@ -26,23 +27,27 @@ PRECISIONS: dict[str, float] = {
 }
 
 
-def _count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+def _spec(spec) -> ModelSpec:
+    return check_type("spec", spec, ModelSpec, "a labkit.specs.ModelSpec")
+
+
+def _sizes(batch, context, context_name: str = "context") -> tuple[int, int]:
+    batch = check_positive_int("batch", batch, unit="sequences")
+    return batch, check_positive_int(context_name, context, unit="tokens")
 
 
 def bits_of(precision: str | float) -> float:
-    """Bits per weight of a precision name from PRECISIONS, or a number of bits in (0, 32] as it is."""
+    """Bits per weight of a precision name from PRECISIONS, or a number of bits in (0, 32] as it is.
+    A name that is not in PRECISIONS or a number outside (0, 32] is a ValueError; anything else a TypeError."""
+    expected = f"one of {list(PRECISIONS)} or a number of bits in (0, 32]"
     if isinstance(precision, str):
         if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {list(PRECISIONS)} or a number of bits, got {precision!r}")
+            fail("precision", precision, expected)
         return PRECISIONS[precision]
-    try:
-        weight_bytes(1, precision)  # a real number in (0, 32]
-    except (TypeError, ValueError):
-        raise ValueError(f"precision must be one of {list(PRECISIONS)} or a number of bits in (0, 32], "
-                         f"got {precision!r}") from None
+    if not is_number(precision):
+        fail("precision", precision, expected, TypeError)
+    if not (math.isfinite(precision) and 0 < precision <= 32):
+        fail("precision", precision, expected)
     return float(precision)
 
 
@@ -55,8 +60,9 @@ def activation_bytes(spec: ModelSpec, batch: int, seq_len: int, bytes_per_elemen
     assumed to run in a fused kernel that never stores the seq_len x seq_len score matrix.
     An estimate: TinyLM's own forward pass peaks within 25% of it (tests/test_footprint.py follows its live
     tensors); rotary and grouped-query temporaries in attention make up the difference."""
-    batch, seq_len = _count("batch", batch), _count("seq_len", seq_len)
-    element = _positive("bytes_per_element", bytes_per_element)
+    spec = _spec(spec)
+    batch, seq_len = _sizes(batch, seq_len, "seq_len")
+    element = check_positive("bytes_per_element", bytes_per_element, unit="bytes")
     wide = 3 if spec.mlp == "swiglu" else 2
     per_token = 2 * spec.d_model + wide * spec.d_ff
     return math.ceil(batch * seq_len * per_token * element)
@@ -69,11 +75,14 @@ def footprint(spec: ModelSpec, precision: str | float = "bf16", batch: int = 1, 
     Weights at `precision` (a PRECISIONS name or bits per weight); the KV cache for every token of every
     sequence; the prefill activations of the whole batch at once (an upper bound: servers prefill in chunks).
     """
-    batch, context = _count("batch", batch), _count("context", context)
+    spec, bits = _spec(spec), bits_of(precision)
+    batch, context = _sizes(batch, context)
+    kv = check_positive("kv_bytes_per_element", kv_bytes_per_element, unit="bytes")
+    act = check_positive("act_bytes_per_element", act_bytes_per_element, unit="bytes")
     out = {
-        "weights": weight_bytes(spec.n_params, bits_of(precision)),
-        "kv_cache": float(batch * context * spec.kv_bytes_per_token(kv_bytes_per_element)),
-        "activations": float(activation_bytes(spec, batch, context, act_bytes_per_element)),
+        "weights": weight_bytes(spec.n_params, bits),
+        "kv_cache": float(batch * context * spec.kv_bytes_per_token(kv)),
+        "activations": float(activation_bytes(spec, batch, context, act)),
     }
     out["total"] = sum(out.values())
     return out
@@ -88,7 +97,7 @@ def params_read(spec: ModelSpec, batch: int = 1) -> float:
     picks its k = experts_per_token experts uniformly and independently of the other tokens, one layer
     touches on average n_experts * (1 - (1 - k / n_experts) ** batch) distinct experts, so the saving fades
     as the batch grows."""
-    batch = _count("batch", batch)
+    spec, batch = _spec(spec), check_positive_int("batch", batch, unit="sequences")
     idle_share = (1 - spec.experts_per_token / spec.n_experts) ** batch
     experts_read = spec.n_experts * (1 - idle_share)
     expert = spec.counts()["expert_mlp"]
@@ -102,7 +111,8 @@ def decode_flops_per_step(spec: ModelSpec, batch: int = 1, context: int = 2048) 
     """FLOP of one decode step: 2 per weight a token multiplies (its active matrices; looking up an embedding
     row and normalizing are not counted, biases are counted as weights) plus attention over `context` cached
     tokens, 4 x layers x context x n_heads x head_dim per token (scores q.k and the weighted sum of values)."""
-    batch, context = _count("batch", batch), _count("context", context)
+    spec = _spec(spec)
+    batch, context = _sizes(batch, context)
     lookups = spec.positions + (0 if spec.tied_embeddings else spec.vocab_size)
     matmul = 2 * (spec.active_params - lookups * spec.d_model - spec.counts()["norm"])
     attention = 4 * spec.n_layers * context * spec.n_heads * spec.head_dim
@@ -113,9 +123,10 @@ def decode_bytes_per_step(spec: ModelSpec, precision: str | float = "bf16", batc
                           kv_bytes_per_element: float = 2) -> float:
     """Bytes one decode step reads: the weights it uses (once, shared by the batch) plus the KV cache of
     `context` tokens of every sequence."""
-    batch, context = _count("batch", batch), _count("context", context)
-    return (weight_bytes(params_read(spec, batch), bits_of(precision))
-            + batch * context * spec.kv_bytes_per_token(kv_bytes_per_element))
+    spec, bits = _spec(spec), bits_of(precision)
+    batch, context = _sizes(batch, context)
+    kv = check_positive("kv_bytes_per_element", kv_bytes_per_element, unit="bytes")
+    return weight_bytes(params_read(spec, batch), bits) + batch * context * spec.kv_bytes_per_token(kv)
 
 
 def decode_tokens_per_s(spec: ModelSpec, precision: str | float, batch: int, context: int, bandwidth: float,
@@ -123,8 +134,25 @@ def decode_tokens_per_s(spec: ModelSpec, precision: str | float, batch: int, con
     """Ceiling on decoding throughput in tokens/s (all sequences together). Every step makes one token per
     sequence and takes at least decode_bytes_per_step / bandwidth seconds, and, when `peak_flops` (FLOP/s)
     is given, at least decode_flops_per_step / peak_flops: large batches reach the compute roof."""
+    peak = None if peak_flops is None else check_positive("peak_flops", peak_flops, unit="FLOP/s")
     seconds = decode_ceiling(decode_bytes_per_step(spec, precision, batch, context, kv_bytes_per_element),
                              bandwidth) ** -1
-    if peak_flops is not None:
-        seconds = max(seconds, decode_flops_per_step(spec, batch, context) / _positive("peak_flops", peak_flops))
+    if peak is not None:
+        seconds = max(seconds, decode_flops_per_step(spec, batch, context) / peak)
     return batch / seconds
+
+
+def devices_needed(spec: ModelSpec, precision: str | float, batch: int, context: int, memory_bytes: int,
+                   kv_bytes_per_element: float = 2) -> int:
+    """How many devices of `memory_bytes` bytes hold the weights at `precision` plus the KV cache of `batch`
+    sequences of `context` tokens (notebook 01's tables and plots, and the calculator). Activations are left
+    out: they are transient, and servers prefill long prompts in chunks to keep them small."""
+    memory = check_positive("memory_bytes", memory_bytes, unit="bytes")
+    f = footprint(spec, precision, batch, context, kv_bytes_per_element)
+    return max(1, math.ceil((f["weights"] + f["kv_cache"]) / memory))
+
+
+def fits(spec: ModelSpec, precision: str | float, batch: int, context: int, memory_bytes: int,
+         kv_bytes_per_element: float = 2) -> bool:
+    """Whether weights and KV cache fit on one device of `memory_bytes` bytes (see devices_needed)."""
+    return devices_needed(spec, precision, batch, context, memory_bytes, kv_bytes_per_element) == 1

@@ -1,7 +1,8 @@
-"""The memory wall in formulas: weight and KV-cache bytes, the roofline, decode ceilings, offloading.
+"""The memory wall in formulas: weight bytes, the roofline, decode ceilings, the time of an offloaded step.
 
 Used by notebook 01_memory_wall (and by 02 and 03, which place their own numbers on the same roofline).
-Units: bytes, bytes/s, FLOP, FLOP/s, seconds. GB = 1e9 bytes, GiB = 2**30 bytes.
+Units: bytes, bytes/s, FLOP, FLOP/s, seconds. GB = 1e9 bytes, GiB = 2**30 bytes. (KV-cache bytes per token
+are a property of the architecture: labkit.specs.kv_bytes_per_token.)
 
 The roofline (Williams, Waterman and Patterson, "Roofline: an insightful visual performance model",
 CACM 2009): a kernel that does `F` FLOP while moving `B` bytes has arithmetic intensity `I = F / B`
@@ -19,69 +20,56 @@ CACM 2009): a kernel that does `F` FLOP while moving `B` bytes has arithmetic in
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Sequence
 
 import numpy as np
 
-from ..specs import kv_bytes_per_token  # noqa: F401  (part of this API)
-
-
-def _positive(name: str, value, allow_zero: bool = False) -> float:
-    """`value` as a float, or a ValueError/TypeError that names the argument."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-    x = float(value)
-    if math.isnan(x) or math.isinf(x) or x < 0 or (x == 0 and not allow_zero):
-        expected = "a finite number >= 0" if allow_zero else "a finite number > 0"
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return x
+from .._checks import check_choice, check_number, check_positive, check_positive_int, fail
 
 
 def weight_bytes(n_params: float, bits_per_weight: float) -> float:
     """Bytes to store `n_params` weights at `bits_per_weight` bits each (4.5 for INT4 with an fp16 scale per
     32 weights, like llama.cpp's Q4_0). Bits must lie in (0, 32]."""
-    n = _positive("n_params", n_params)
-    bits = _positive("bits_per_weight", bits_per_weight)
-    if bits > 32:
-        raise ValueError(f"bits_per_weight must be in (0, 32], got {bits_per_weight!r}")
+    n = check_positive("n_params", n_params)
+    bits = check_number("bits_per_weight", bits_per_weight, 0, 32, low_open=True, unit="bits")
     return n * bits / 8
 
 
 def decode_ceiling(bytes_per_token: float, bandwidth: float) -> float:
     """Upper bound on decoding speed in tokens/s when every token must read `bytes_per_token` bytes
     (all active weights, plus the KV cache read so far) through memory of `bandwidth` bytes/s."""
-    return _positive("bandwidth", bandwidth) / _positive("bytes_per_token", bytes_per_token)
+    bw = check_positive("bandwidth", bandwidth, unit="bytes/s")
+    return bw / check_positive("bytes_per_token", bytes_per_token, unit="bytes")
 
 
 def attainable_flops(intensity, peak_flops: float, bandwidth: float):
     """The roofline: min(peak_flops, intensity * bandwidth) in FLOP/s, for an arithmetic intensity in
     FLOP/byte. `intensity` may be a number (returns a float) or an array of positive numbers (returns an
-    array), for plotting."""
-    peak = _positive("peak_flops", peak_flops)
-    bw = _positive("bandwidth", bandwidth)
+    array), for plotting. Reference of notebook 01's second exercise (for one intensity)."""
+    peak = check_positive("peak_flops", peak_flops, unit="FLOP/s")
+    bw = check_positive("bandwidth", bandwidth, unit="bytes/s")
     if isinstance(intensity, (np.ndarray, list, tuple)):
-        arr = np.asarray(intensity, dtype=np.float64)
+        arr = np.asarray(intensity)
+        if arr.dtype.kind not in "iuf":
+            fail("intensity", intensity, "an array of numbers (FLOP/byte)", TypeError)
         if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-            raise ValueError(f"intensity must hold finite numbers > 0, got {intensity!r}")
-        return np.minimum(peak, arr * bw)
-    return min(peak, _positive("intensity", intensity) * bw)
+            fail("intensity", intensity, "a non-empty array of finite numbers > 0 (FLOP/byte)")
+        return np.minimum(peak, arr.astype(np.float64) * bw)
+    return min(peak, check_positive("intensity", intensity, unit="FLOP/byte") * bw)
 
 
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
     """Intensity in FLOP/byte where a device turns from memory-bound to compute-bound."""
-    return _positive("peak_flops", peak_flops) / _positive("bandwidth", bandwidth)
+    peak = check_positive("peak_flops", peak_flops, unit="FLOP/s")
+    return peak / check_positive("bandwidth", bandwidth, unit="bytes/s")
 
 
 def matmul_intensity(m: int, n: int, k: int, bytes_per_element: float = 2) -> float:
     """FLOP/byte of y[m, n] = x[m, k] @ w[k, n] when each operand is read once and y written once:
     2mnk / ((mk + kn + mn) * bytes_per_element). Decoding one token is m = batch size: about m FLOP/byte
     at 2 bytes per weight, far left of every ridge point."""
-    for name, v in (("m", m), ("n", n), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    b = _positive("bytes_per_element", bytes_per_element)
+    m, n, k = (check_positive_int(name, v) for name, v in (("m", m), ("n", n), ("k", k)))
+    b = check_positive("bytes_per_element", bytes_per_element, unit="bytes")
     return 2 * m * n * k / ((m * k + k * n + m * n) * b)
 
 
@@ -101,28 +89,28 @@ def offload_time(resident_bytes: float, offloaded_bytes: float, device_bandwidth
     compute time (for mode="split" the device does the resident share of the FLOP; the host's time counts
     memory only). Transfers do not overlap with computing. Returns {"time_s", "device_s", "transfer_s",
     "host_s", "transfer_share"}, the share being transfer_s / time_s."""
-    resident = _positive("resident_bytes", resident_bytes, allow_zero=True)
-    offloaded = _positive("offloaded_bytes", offloaded_bytes, allow_zero=True)
+    check_choice("mode", mode, ("stream", "split"))
+    resident = check_positive("resident_bytes", resident_bytes, unit="bytes", allow_zero=True)
+    offloaded = check_positive("offloaded_bytes", offloaded_bytes, unit="bytes", allow_zero=True)
     if resident + offloaded == 0:
         raise ValueError("resident_bytes + offloaded_bytes must be > 0, got 0 and 0")
-    dev_bw = _positive("device_bandwidth", device_bandwidth)
-    work = _positive("flops", flops, allow_zero=True)
-    if work and peak_flops is None:
+    dev_bw = check_positive("device_bandwidth", device_bandwidth, unit="bytes/s")
+    work = check_positive("flops", flops, unit="FLOP", allow_zero=True)
+    if peak_flops is None and work:
         raise ValueError("peak_flops is required when flops > 0, got None")
-    compute_s = work / _positive("peak_flops", peak_flops) if work else 0.0
+    peak = None if peak_flops is None else check_positive("peak_flops", peak_flops, unit="FLOP/s")
+    compute_s = work / peak if work else 0.0
     if mode == "stream":
         if link_bandwidth is None:
             raise ValueError("link_bandwidth is required when mode='stream', got None")
-        transfer_s = offloaded / _positive("link_bandwidth", link_bandwidth)
+        transfer_s = offloaded / check_positive("link_bandwidth", link_bandwidth, unit="bytes/s")
         device_s, host_s = max((resident + offloaded) / dev_bw, compute_s), 0.0
-    elif mode == "split":
+    else:
         if host_bandwidth is None:
             raise ValueError("host_bandwidth is required when mode='split', got None")
-        host_s = offloaded / _positive("host_bandwidth", host_bandwidth)
+        host_s = offloaded / check_positive("host_bandwidth", host_bandwidth, unit="bytes/s")
         device_s = max(resident / dev_bw, compute_s * resident / (resident + offloaded))
         transfer_s = 0.0
-    else:
-        raise ValueError(f"mode must be 'stream' or 'split', got {mode!r}")
     total = device_s + transfer_s + host_s
     return {"time_s": total, "device_s": device_s, "transfer_s": transfer_s, "host_s": host_s,
             "transfer_share": transfer_s / total}
@@ -134,15 +122,29 @@ def plot_roofline(ceilings: Sequence[tuple], points: Sequence[tuple] = (), ax=No
     (label, intensity, flops_per_s) per measured or modelled kernel. Returns the matplotlib Axes."""
     import matplotlib.pyplot as plt
 
+    for what, rows in (("ceilings", ceilings), ("points", points)):
+        if isinstance(rows, str) or not isinstance(rows, Sequence) \
+                or not all(isinstance(r, (tuple, list)) and len(r) == 3 for r in rows):
+            fail(what, rows, "a list of (label, number, number) triples", TypeError)
     if not ceilings:
         raise ValueError("ceilings must name at least one (label, peak_flops, bandwidth), got none")
+    if not isinstance(intensity_range, (tuple, list)) or len(intensity_range) != 2:
+        fail("intensity_range", intensity_range, "a (low, high) pair of FLOP/byte", TypeError)
+    low, high = (check_positive("intensity_range", v, unit="FLOP/byte") for v in intensity_range)
+    if low >= high:
+        fail("intensity_range", intensity_range, "(low, high) with low < high")
+    for label, peak, bw in ceilings:  # all checked before anything is drawn
+        ridge_point(peak, bw)
+    for label, intensity, flops in points:
+        check_positive("intensity", intensity, unit="FLOP/byte")
+        check_positive("flops_per_s", flops, unit="FLOP/s")
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 5))
-    x = np.geomspace(*intensity_range, 200)
+    x = np.geomspace(low, high, 200)
     for label, peak, bw in ceilings:
         ax.loglog(x, attainable_flops(x, peak, bw), label=label)
     for label, intensity, flops in points:
-        ax.loglog([_positive("intensity", intensity)], [_positive("flops_per_s", flops)], "o")
+        ax.loglog([intensity], [flops], "o")
         ax.annotate(label, (intensity, flops), textcoords="offset points", xytext=(5, -10), fontsize=8)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attainable FLOP/s")

@@ -1,6 +1,5 @@
-"""Integer weight quantization: symmetric and asymmetric, per tensor / channel / group; INT4 packing
-(notebook 03). The quantized linear layer and whole-model policies live in labkit/quant_linear.py and are
-re-exported here (`labkit.quant.QuantLinear`, `labkit.quant.quantize_model`).
+"""Integer weight quantization: symmetric and asymmetric, per tensor / channel / group (notebook 03).
+Nibble packing lives in packing.py, the quantized layers in linear.py, whole-model policies in policy.py.
 
 A weight matrix w [out, in] is cut into groups of `group_size` consecutive inputs of one output row:
 
@@ -24,6 +23,9 @@ at 8 bits), where the error it allows, |w| / 2**15 at most, is below fp16's own 
 straddles 0 (as on every TinyLM weight group), the zero point lies in [qmin, qmax] and would fit in `bits`
 bits, as GPTQ checkpoints pack it. A constant group round-trips exactly (all-zero groups get scale 1).
 Ranges max - min that overflow float32 (|w| near 3.4e38) raise a ValueError instead of giving inf/NaN.
+
+The checks of the quantization settings (check_bits, check_scheme, check_group_size, check_weight) are
+shared by every module of labkit.quant.
 """
 
 from __future__ import annotations
@@ -33,15 +35,67 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import check_positive_int, check_type, fail, is_int
+
 BITS = (2, 3, 4, 8)
 SCHEMES = ("asym", "sym")
+GROUP_WORDS = ("channel", "tensor")
+
+
+def check_bits(bits, options: tuple[int, ...] = BITS) -> int:
+    """bits as an int of `options`: TypeError for a non-int (4.0, "4", True), ValueError for another int."""
+    if not is_int(bits):
+        fail("bits", bits, f"one of {options} (an int)", TypeError)
+    if bits not in options:
+        fail("bits", bits, f"one of {options} (an int)")
+    return int(bits)
+
+
+def check_word(name: str, value, options: tuple[str, ...]) -> str:
+    """One of the strings `options`: TypeError for a non-str, ValueError for another str."""
+    if not isinstance(value, str):
+        fail(name, value, f"one of {options}", TypeError)
+    if value not in options:
+        fail(name, value, f"one of {options}")
+    return value
+
+
+def check_scheme(scheme) -> str:
+    return check_word("scheme", scheme, SCHEMES)
+
+
+def check_group_size(group_size) -> int | str:
+    """A positive int, "channel" or "tensor" (TypeError for other types, ValueError for other values)."""
+    expected = "a positive int, 'channel' or 'tensor'"
+    if isinstance(group_size, str):
+        if group_size not in GROUP_WORDS:
+            fail("group_size", group_size, expected)
+        return group_size
+    if not is_int(group_size):
+        fail("group_size", group_size, expected, TypeError)
+    if group_size < 1:
+        fail("group_size", group_size, expected)
+    return int(group_size)
+
+
+def check_weight(w, name: str = "w") -> torch.Tensor:
+    """A finite, non-empty, floating-point 2-D torch.Tensor [out, in]."""
+    check_type(name, w, torch.Tensor, "a torch.Tensor")
+    if not w.is_floating_point():
+        fail(name, w.dtype, "a floating-point tensor", TypeError)
+    if w.dim() != 2 or w.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D tensor [out, in], got shape {tuple(w.shape)}")
+    if not torch.isfinite(w).all():
+        bad = tuple((~torch.isfinite(w)).nonzero()[0].tolist())
+        raise ValueError(f"{name} must be finite; found {w[bad].item()} at index {bad}")
+    return w
 
 
 @dataclass
 class QTensor:
-    """A quantized 2-D weight. codes int8 [out, in]; scale float32 and zero int32 (None when symmetric),
+    """A quantized 2-D weight. codes int8 [out, in]; scale (float) and zero (integer; None when symmetric),
     each [rows, groups] with rows = out (1 for group_size="tensor") and groups = in / group_size
-    (1 for "channel" and "tensor")."""
+    (1 for "channel" and "tensor"). Checks its own consistency when built."""
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor | None
@@ -50,6 +104,37 @@ class QTensor:
     scheme: str
     shape: tuple[int, int]
 
+    def __post_init__(self):
+        self.bits, self.scheme = check_bits(self.bits), check_scheme(self.scheme)
+        self.group_size = check_group_size(self.group_size)
+        if not (isinstance(self.shape, tuple) and len(self.shape) == 2 and all(is_int(s) and s > 0 for s in self.shape)):
+            fail("shape", self.shape, "a tuple (out, in) of positive ints")
+        out, inp = self.shape
+        check_type("codes", self.codes, torch.Tensor, "a torch.Tensor")
+        if self.codes.dtype != torch.int8 or tuple(self.codes.shape) != self.shape:
+            raise ValueError(f"codes must be an int8 tensor of shape {self.shape}, "
+                             f"got {self.codes.dtype} of shape {tuple(self.codes.shape)}")
+        qmin, qmax = -(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1
+        lo, hi = int(self.codes.min()), int(self.codes.max())
+        if lo < qmin or hi > qmax:
+            raise ValueError(f"codes must be in [{qmin}, {qmax}] for {self.bits} bits, got values in [{lo}, {hi}]")
+        if isinstance(self.group_size, int) and inp % self.group_size:
+            fail("group_size", self.group_size, f"a divisor of the input dimension {inp}")
+        rows = 1 if self.group_size == "tensor" else out
+        groups = inp // self.group_size if isinstance(self.group_size, int) else 1
+        check_type("scale", self.scale, torch.Tensor, "a torch.Tensor")
+        if not self.scale.is_floating_point() or tuple(self.scale.shape) != (rows, groups):
+            raise ValueError(f"scale must be a float tensor of shape {(rows, groups)}, "
+                             f"got {self.scale.dtype} of shape {tuple(self.scale.shape)}")
+        if self.scheme == "sym":
+            if self.zero is not None:
+                raise TypeError(f"zero must be None for scheme 'sym', got {type(self.zero).__name__}")
+            return
+        check_type("zero", self.zero, torch.Tensor, "an integer torch.Tensor for scheme 'asym'")
+        if self.zero.is_floating_point() or tuple(self.zero.shape) != (rows, groups):
+            raise ValueError(f"zero must be an integer tensor of shape {(rows, groups)}, "
+                             f"got {self.zero.dtype} of shape {tuple(self.zero.shape)}")
+
     @property
     def group_len(self) -> int:
         """Number of weights that share one scale."""
@@ -57,7 +142,15 @@ class QTensor:
         return {"tensor": out * inp, "channel": inp}.get(self.group_size, self.group_size)
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 weights [out, in] (or only the output rows `rows`, as an embedding lookup does)."""
+        """Float32 weights [out, in] (or only the output rows `rows`, an integer tensor of any shape, as an
+        embedding lookup does: the result is then [*rows.shape, in])."""
+        if rows is not None:
+            check_type("rows", rows, torch.Tensor, "an integer torch.Tensor or None")
+            if rows.is_floating_point() or rows.dtype == torch.bool:
+                fail("rows", rows.dtype, "an integer tensor", TypeError)
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.shape[0]):
+                raise ValueError(f"rows must be in [0, {self.shape[0] - 1}], "
+                                 f"got values in [{int(rows.min())}, {int(rows.max())}]")
         codes = self.codes if rows is None else self.codes[rows]
         shape = codes.shape
         scale, zero = self.scale, self.zero
@@ -78,11 +171,14 @@ class QTensor:
         counted at `scale_bytes` / `zero_bytes` each (fp16 in llama.cpp and torch; kept as fp32 / int32
         here). Zero points always fit in 2 bytes (see the module docstring); zero_bytes=1 is refused when
         one does not fit in int8."""
+        check_positive_int("scale_bytes", scale_bytes)
+        check_positive_int("zero_bytes", zero_bytes)
         if self.zero is not None and zero_bytes < 2 and int(self.zero.abs().max()) > 127:
-            raise ValueError(f"zero_bytes={zero_bytes} cannot hold zero points up to {int(self.zero.abs().max())}")
+            fail("zero_bytes", zero_bytes, f"at least 2 to hold zero points up to {int(self.zero.abs().max())}")
         return quantized_bytes(self.codes.numel(), self.bits, self.group_len, self.scheme, scale_bytes, zero_bytes)
 
     def bits_per_weight(self, scale_bytes: int = 2, zero_bytes: int = 2) -> float:
+        """Storage bits per weight, scales and zero points included (see nbytes)."""
         return 8 * self.nbytes(scale_bytes, zero_bytes) / self.codes.numel()
 
 
@@ -92,41 +188,22 @@ def quantized_bytes(numel: int, bits: int, group_len: int, scheme: str = "asym",
     per `group_len` weights. bits per weight = bits + 8 * (scale_bytes + zero_bytes) / group_len:
     4.5 for 4-bit groups of 32 with an fp16 scale (Q4_0), 5.0 with an fp16 min too (Q4_1), 4.25 for
     groups of 128 with fp16 scale and zero."""
-    for name, v in (("numel", numel), ("bits", bits), ("group_len", group_len)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    _check_scheme(scheme)
+    for name, v in (("numel", numel), ("bits", bits), ("group_len", group_len), ("scale_bytes", scale_bytes)):
+        check_positive_int(name, v)
+    check_positive_int("zero_bytes", zero_bytes, allow_zero=True)
+    check_scheme(scheme)
     groups = math.ceil(numel / group_len)
     extra = scale_bytes + (zero_bytes if scheme == "asym" else 0)
     return math.ceil(numel * bits / 8) + groups * extra
 
 
-def _check_scheme(scheme) -> None:
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-
-
-def _check_weight(w, name: str = "w") -> None:
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-    if w.dim() != 2 or w.numel() == 0:
-        raise ValueError(f"{name} must be a non-empty 2-D tensor [out, in], got shape {tuple(w.shape)}")
-    if not w.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {w.dtype}")
-    if not torch.isfinite(w).all():
-        bad = (~torch.isfinite(w)).nonzero()[0].tolist()
-        raise ValueError(f"{name} must be finite; found {w[tuple(bad)].item()} at index {tuple(bad)}")
-
-
 def _group_view(w: torch.Tensor, group_size) -> torch.Tensor:
-    """w [out, in] as [rows, groups, group_len]; checks group_size."""
+    """w [out, in] as [rows, groups, group_len] (group_size already checked)."""
     out, inp = w.shape
     if group_size == "tensor":
         return w.reshape(1, 1, -1)
     if group_size == "channel":
         return w.reshape(out, 1, inp)
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, 'channel' or 'tensor', got {group_size!r}")
     if inp % group_size:
         raise ValueError(f"group_size {group_size} must divide the input dimension {inp} (w is [{out}, {inp}]); "
                          f"pad the weight or pick a divisor of {inp}")
@@ -137,10 +214,8 @@ def quantize(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size: i
     """Quantize a 2-D float weight w [out, in] to `bits`-bit integer codes (see the module docstring).
     group_size: an int (groups along the input dimension; must divide it), "channel" (one group per output
     row) or "tensor" (one group for the whole matrix)."""
-    _check_weight(w)
-    if type(bits) is not int or bits not in BITS:
-        raise ValueError(f"bits must be one of {BITS} (an int), got {bits!r}")
-    _check_scheme(scheme)
+    check_weight(w)
+    bits, scheme, group_size = check_bits(bits), check_scheme(scheme), check_group_size(group_size)
     x = _group_view(w.detach().float(), group_size)
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     if scheme == "sym":
@@ -152,10 +227,9 @@ def quantize(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size: i
         lo, hi = x.amin(-1), x.amax(-1)
         scale = (hi - lo) / (qmax - qmin)
         if not torch.isfinite(scale).all():
-            bad = (~torch.isfinite(scale)).nonzero()[0].tolist()
-            raise ValueError(f"w's range max - min in group {tuple(bad)} ({float(lo[tuple(bad)]):.4g} .. "
-                             f"{float(hi[tuple(bad)]):.4g}) overflows float32; expected a range below 3.4e38 "
-                             f"(scale the weights down)")
+            bad = tuple((~torch.isfinite(scale)).nonzero()[0].tolist())
+            raise ValueError(f"w's range max - min in group {bad} ({float(lo[bad]):.4g} .. {float(hi[bad]):.4g}) "
+                             f"overflows float32; expected a range below 3.4e38 (scale the weights down)")
         floor = torch.maximum(lo.abs(), hi.abs()).double() / 2 ** 14  # bounds |zero| by 2**14 + 2**(bits-1)
         wanted = torch.maximum(scale.double(), floor)
         scale = wanted.float()
@@ -173,10 +247,10 @@ def quant_error(w: torch.Tensor, w_hat: torch.Tensor) -> dict[str, float]:
     (10 log10(sum w^2 / sum (w - w_hat)^2): signal-to-quantization-noise ratio, inf when exact) and
     max_abs (largest |w - w_hat|). Computed in float64."""
     for name, t in (("w", w), ("w_hat", w_hat)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_type(name, t, torch.Tensor, "a torch.Tensor")
         if t.numel() == 0 or not torch.isfinite(t).all():
-            raise ValueError(f"{name} must be non-empty and finite, got shape {tuple(t.shape)}")
+            raise ValueError(f"{name} must be non-empty and finite, got shape {tuple(t.shape)} with "
+                             f"{int((~torch.isfinite(t)).sum())} non-finite values")
     if w.shape != w_hat.shape:
         raise ValueError(f"w_hat must have w's shape {tuple(w.shape)}, got {tuple(w_hat.shape)}")
     w, w_hat = w.detach().double(), w_hat.detach().double()
@@ -190,53 +264,3 @@ def quant_error(w: torch.Tensor, w_hat: torch.Tensor) -> dict[str, float]:
         sqnr = 10 * math.log10(signal / noise)
     return {"mse": noise / err.numel(), "sqnr_db": sqnr, "max_abs": float(err.abs().max())}
 
-
-def pack_int4(codes: torch.Tensor, layout: str = "adjacent") -> torch.Tensor:
-    """Pack 4-bit codes in [-8, 7] two per byte, as unsigned nibbles n = code + 8 (Q4_0's and torch's
-    convention). Returns uint8 [ceil(numel / 2)]; codes are read flattened (row-major).
-
-        layout="adjacent": byte i = n[2i] | n[2i+1] << 4        (odd numel: the last high nibble is
-                                                                 code 0; unpack_int4 drops it)
-        layout="llama":    per block of 32 codes, byte j = n[j] | n[j+16] << 4   (numel % 32 == 0)
-
-            codes  0 1 2 ... 15 | 16 17 ... 31        byte j (j = 0..15):  high nibble n[j+16]
-                                                                           low nibble  n[j]
-    """
-    if not isinstance(codes, torch.Tensor):
-        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
-    if codes.is_floating_point() or codes.dtype == torch.bool or codes.numel() == 0:
-        raise ValueError(f"codes must be a non-empty integer tensor, got {codes.dtype} of shape {tuple(codes.shape)}")
-    c = codes.reshape(-1).to(torch.int16)
-    if c.min() < -8 or c.max() > 7:
-        raise ValueError(f"codes must be in [-8, 7], got values in [{int(c.min())}, {int(c.max())}]")
-    n = (c + 8).to(torch.uint8)
-    if layout == "adjacent":
-        if n.numel() % 2:
-            n = torch.cat([n, torch.tensor([8], dtype=torch.uint8)])
-        lo, hi = n[0::2], n[1::2]
-    elif layout == "llama":
-        if n.numel() % 32:
-            raise ValueError(f"layout 'llama' needs a multiple of 32 codes, got {n.numel()}")
-        blocks = n.reshape(-1, 32)
-        lo, hi = blocks[:, :16].reshape(-1), blocks[:, 16:].reshape(-1)
-    else:
-        raise ValueError(f"layout must be 'adjacent' or 'llama', got {layout!r}")
-    return lo | (hi << 4)
-
-
-def unpack_int4(packed: torch.Tensor, numel: int, layout: str = "adjacent") -> torch.Tensor:
-    """The int8 codes [numel] that pack_int4 packed into `packed` (uint8)."""
-    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
-        raise TypeError(f"packed must be a uint8 torch.Tensor, got {getattr(packed, 'dtype', type(packed).__name__)}")
-    if not isinstance(numel, int) or isinstance(numel, bool) or math.ceil(numel / 2) != packed.numel() or numel < 1:
-        raise ValueError(f"numel must be {2 * packed.numel() - 1} or {2 * packed.numel()} for {packed.numel()} "
-                         f"packed bytes, got {numel!r}")
-    p = packed.reshape(-1)
-    lo, hi = (p & 0x0F).to(torch.int8) - 8, (p >> 4).to(torch.int8) - 8
-    if layout == "adjacent":
-        return torch.stack([lo, hi], dim=1).reshape(-1)[:numel]
-    if layout == "llama":
-        if numel % 32:
-            raise ValueError(f"layout 'llama' needs a multiple of 32 codes, got numel={numel}")
-        return torch.cat([lo.reshape(-1, 16), hi.reshape(-1, 16)], dim=1).reshape(-1)
-    raise ValueError(f"layout must be 'adjacent' or 'llama', got {layout!r}")

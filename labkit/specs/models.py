@@ -2,8 +2,8 @@
 
 Used by notebook 01_memory_wall (and by 02, which scales TinyLM's traces to 7B and 70B layouts).
 Parameter counts are *computed* from the architecture (layers, widths, heads, vocabulary, experts) and
-tested against the totals the model authors published. Device figures come from data/hardware.json,
-each entry naming its source. Units: bytes, bytes/s, FLOP/s.
+tested against the totals the model authors published. `kv_bytes_per_token` is also the reference of
+notebook 01's first exercise (labkit.memory_wall.exercises). Units: parameters, bytes.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from .._checks import check_positive, check_positive_int
+from .._checks import check_bool, check_choice, check_positive, check_positive_int, check_type, fail
 from ..paths import TINYLM_CHECKPOINT
 from ..tinylm import TinyLMConfig, param_counts
 
 TINYLM_JSON = TINYLM_CHECKPOINT.with_suffix(".json")
+MLPS = ("gelu", "swiglu")          # two matrices (GPT-3, OPT) or three (Llama, Mixtral)
+NORMS = ("layernorm", "rmsnorm")   # weight and bias, or weight only
 
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_element: float = 2) -> int:
@@ -34,10 +36,13 @@ def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_
 class ModelSpec:
     """A decoder-only transformer, as far as memory is concerned.
 
-    context: the longest sequence (tokens) the model was trained for; mlp: "gelu" (two matrices, GPT-3/OPT) or "swiglu" (three, Llama/Mixtral); norm: "layernorm" (weight and
-    bias) or "rmsnorm" (weight only); bias: linear layers carry biases; positions: learned position
-    embeddings (0 for rotary); n_experts / experts_per_token: a mixture of experts replaces each MLP by
-    n_experts MLPs of which experts_per_token run for each token (plus a router)."""
+    context: the longest sequence (tokens) the model was trained for; mlp: "gelu" (two matrices, GPT-3/OPT)
+    or "swiglu" (three, Llama/Mixtral); norm: "layernorm" (weight and bias) or "rmsnorm" (weight only);
+    bias: linear layers carry biases; positions: learned position embeddings (0 for rotary);
+    n_experts / experts_per_token: a mixture of experts replaces each MLP by n_experts MLPs of which
+    experts_per_token run for each token (plus a router); published_params / published_active: the totals
+    the authors published (parameters), which tests compare with the computed counts.
+    Validates itself: wrong types raise TypeError, impossible or inconsistent values ValueError."""
     name: str
     n_layers: int
     d_model: int
@@ -58,22 +63,30 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self):
+        """Refuse what no transformer has: a wrong type is a TypeError, an impossible value a ValueError."""
+        check_type("name", self.name, str)
+        if not self.name:
+            fail("name", self.name, "a non-empty str")
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "context", "n_experts",
                   "experts_per_token"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{f} must be a positive integer, got {v!r}")
-        if isinstance(self.positions, bool) or not isinstance(self.positions, int) or self.positions < 0:
-            raise ValueError(f"positions must be an integer >= 0, got {self.positions!r}")
+            object.__setattr__(self, f, check_positive_int(f, getattr(self, f)))  # numpy ints stored as int
+        object.__setattr__(self, "positions", check_positive_int("positions", self.positions, allow_zero=True))
+        check_choice("mlp", self.mlp, MLPS)
+        check_choice("norm", self.norm, NORMS)
+        check_bool("bias", self.bias)
+        check_bool("tied_embeddings", self.tied_embeddings)
+        for f in ("published_params", "published_active"):
+            if getattr(self, f) is not None:
+                check_positive(f, getattr(self, f), unit="parameters")
+        check_type("source", self.source, str)
         if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads must divide d_model and n_kv_heads must divide n_heads, got d_model="
                              f"{self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}")
         if self.experts_per_token > self.n_experts:
-            raise ValueError(f"experts_per_token must be <= n_experts ({self.n_experts}), "
-                             f"got {self.experts_per_token}")
-        if self.mlp not in ("gelu", "swiglu") or self.norm not in ("layernorm", "rmsnorm"):
-            raise ValueError(f"mlp must be 'gelu' or 'swiglu' and norm 'layernorm' or 'rmsnorm', "
-                             f"got mlp={self.mlp!r}, norm={self.norm!r}")
+            fail("experts_per_token", self.experts_per_token, f"<= n_experts ({self.n_experts})")
+        if self.published_active is not None and self.published_params is not None \
+                and self.published_active > self.published_params:
+            fail("published_active", self.published_active, f"<= published_params ({self.published_params:g})")
 
     @property
     def head_dim(self) -> int:
@@ -157,11 +170,11 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 
 def model(name: str) -> ModelSpec:
     """The preset called `name` (lower case, dashes: "gpt3-175b", "llama-2-7b", "mixtral-8x7b", "tinylm")."""
-    if name == "tinylm":
-        return _tinylm()
-    if not isinstance(name, str) or name not in MODELS:
-        raise ValueError(f"name must be one of {sorted([*MODELS, 'tinylm'])}, got {name!r}")
-    return MODELS[name]
+    names = sorted([*MODELS, "tinylm"])
+    if not isinstance(name, str):
+        fail("name", name, f"one of {tuple(names)}", TypeError)
+    check_choice("name", name, names)
+    return _tinylm() if name == "tinylm" else MODELS[name]
 
 
 def model_names() -> list[str]:

@@ -162,15 +162,17 @@ def layer_type(param_name: str) -> str:
     LAYER_TYPES, or "norm" for the RMSNorm weights. Read from the table, not parsed by substring."""
     if not isinstance(param_name, str):
         raise TypeError(f"param_name must be a str, got {type(param_name).__name__}")
-    path = param_name.removesuffix(".weight")
-    parts = path.split(".")
-    if path == "norm" or (len(parts) == 3 and parts[0] == "layers" and parts[2] in ("attn_norm", "mlp_norm")):
-        return "norm"
-    kinds = _TYPE_OF_SUFFIX.get(".".join(parts[2:]) if parts[0] == "layers" and len(parts) == 4 else path)
-    if kinds is None or (parts[0] == "layers" and not parts[1].isdigit()):
+    parts = param_name.removesuffix(".weight").split(".")
+    if len(parts) >= 3 and parts[0] == "layers" and parts[1].isdigit():  # layers.<i>.<module in the block>
+        kind = _BLOCK_TYPES.get(".".join(parts[2:]))
+    else:
+        kind = _TOP_TYPES.get(".".join(parts))
+    if kind is None:
         raise ValueError(f"param_name {param_name!r} is not a TinyLM parameter")
-    return kinds
+    return kind
 
 
-_TYPE_OF_SUFFIX = {e.path if e.layer is None else e.path.split(".", 2)[2]: e.layer_type
-                   for e in linear_layers(TinyLMConfig(n_layers=1))}
+_ONE_BLOCK = linear_layers(TinyLMConfig(n_layers=1))
+_BLOCK_TYPES = {e.path.split(".", 2)[2]: e.layer_type for e in _ONE_BLOCK if e.layer is not None}
+_BLOCK_TYPES.update({"attn_norm": "norm", "mlp_norm": "norm"})
+_TOP_TYPES = {e.path: e.layer_type for e in _ONE_BLOCK if e.layer is None} | {"norm": "norm"}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._checks import check_choice, check_positive_int
 from ..rng import Rng
 
 SPLITS = ("train", "val", "test")
@@ -130,10 +131,8 @@ _TASK_MAKERS = {"arithmetic": _arithmetic, "recall": _recall, "copy": _copy}
 
 
 def _check_split(split: str, seed: int) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_choice("split", split, SPLITS)
+    check_positive_int("seed", seed, allow_zero=True)
 
 
 def _split_seed(seed: int, split: str, salt: int) -> int:
@@ -155,10 +154,8 @@ def kind_of(document: str) -> str:
 
 def make_tasks(kind: str, n: int, split: str = "test", seed: int = 0) -> list[Task]:
     """`n` tasks of one kind ("arithmetic", "recall" or "copy") from `split`, fixed by `seed`."""
-    if kind not in TASK_KINDS:
-        raise ValueError(f"kind must be one of {TASK_KINDS}, got {kind!r}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    check_choice("kind", kind, TASK_KINDS)
+    check_positive_int("n", n)
     _check_split(split, seed)
     rng = Rng(_split_seed(seed, split, 1 + TASK_KINDS.index(kind)))
     return [_TASK_MAKERS[kind](rng, split) for _ in range(n)]
@@ -180,8 +177,7 @@ def documents(split: str = "train", seed: int = 0):
 
 def corpus(split: str = "train", n_bytes: int = 100_000, seed: int = 0) -> bytes:
     """The first `n_bytes` bytes of a split's document stream (ASCII, so bytes == characters)."""
-    if not isinstance(n_bytes, int) or n_bytes < 1:
-        raise ValueError(f"n_bytes must be a positive int, got {n_bytes!r}")
+    check_positive_int("n_bytes", n_bytes)
     _check_split(split, seed)
     parts, total = [], 0
     for doc in documents(split, seed):

@@ -10,13 +10,14 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_positive_int
 from .corpus import Task
 from .tokenizer import ByteTokenizer
 
 
 def _as_tokens(tokens) -> torch.Tensor:
     if isinstance(tokens, str):
-        raise ValueError("tokens must be token ids or bytes, not str: encode text with ByteTokenizer first")
+        raise TypeError("tokens must be token ids or bytes, not str: encode text with ByteTokenizer first")
     if isinstance(tokens, (bytes, bytearray)):
         tokens = list(tokens)
     t = torch.as_tensor(tokens)
@@ -40,8 +41,7 @@ def perplexity(model, tokens, batch_size: int = 16) -> float:
     (so each window restarts with no earlier context).
     """
     t = _as_tokens(tokens)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_positive_int("batch_size", batch_size)
     ctx = model.cfg.max_seq_len
     windows = [t[i:i + ctx + 1] for i in range(0, t.numel() - 1, ctx)]
     total_nll, count = 0.0, 0
@@ -72,10 +72,11 @@ def task_correct(model, tasks: list[Task], batch_size: int = 64) -> list[bool]:
     every answer position, the argmax given the prompt and the answer so far is the next answer token.
     (Tested against `TinyLM.generate` in tests/test_eval.py.)
     """
-    if not isinstance(tasks, (list, tuple)) or not tasks or not all(isinstance(t, Task) for t in tasks):
-        raise ValueError(f"tasks must be a non-empty list of labkit.tinylm.corpus.Task, got {type(tasks).__name__}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, Task) for t in tasks):
+        raise TypeError(f"tasks must be a non-empty list of labkit.tinylm.corpus.Task, got {type(tasks).__name__}")
+    if not tasks:
+        raise ValueError("tasks must be a non-empty list of labkit.tinylm.corpus.Task, got []")
+    check_positive_int("batch_size", batch_size)
     empty = [t for t in tasks if not t.prompt]
     if empty:
         raise ValueError(f"every task needs a non-empty prompt, got {empty[0]!r}")

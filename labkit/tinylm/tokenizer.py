@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .._checks import is_int
+
 
 class ByteTokenizer:
     """Byte-level tokenizer: token id = byte value, vocabulary of 256, exact round trip on any bytes.
@@ -24,7 +26,10 @@ class ByteTokenizer:
 
     def decode_bytes(self, ids) -> bytes:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 256]
+        wrong_type = [i for i in ids if not is_int(i)]
+        if wrong_type:
+            raise TypeError(f"ids must be byte values (ints in [0, 256)), got {wrong_type[0]!r}")
+        bad = [i for i in ids if not 0 <= i < 256]
         if bad:
             raise ValueError(f"ids must be byte values (ints in [0, 256)), got {bad[0]!r}")
         return bytes(ids)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .._checks import check_int, check_number
 from . import corpus as data
 from .checkpoint import CHECKPOINT, load_pretrained, save_checkpoint
 from .eval import perplexity, task_accuracy
@@ -48,11 +49,9 @@ def train(cfg: TinyLMConfig = TinyLMConfig(), steps: int = RECIPE["steps"], batc
     steps=0 returns the initialised, untrained model."""
     for name, value, low in (("steps", steps, 0), ("batch_size", batch_size, 1), ("warmup", warmup, 1),
                              ("train_bytes", train_bytes, cfg.max_seq_len + 2), ("seed", seed, 0)):
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int(name, value, low)
     for name, value in (("lr", lr), ("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        check_number(name, value, low=0.0)
     torch.manual_seed(seed)
     stream = torch.frombuffer(bytearray(data.corpus("train", train_bytes, seed)), dtype=torch.uint8).long()
     val = torch.frombuffer(bytearray(data.corpus("val", 16 * (cfg.max_seq_len + 1), seed)), dtype=torch.uint8)

@@ -109,3 +109,17 @@ def test_bad_arguments():
         check.exercise(reference, reference, cases=CASES, n_random=-1)
     with pytest.raises(TypeError, match="callables"):
         check.exercise(None, reference, cases=CASES)
+
+
+def test_an_exercise_object_supplies_cases_and_tolerance(capsys):
+    ex = check.Exercise("halve", lambda x: x / 2, cases=[(1.0,), (3.0,)], random_case=lambda rng: (rng.below(100),),
+                        n_random=5, rtol=1e-3)
+    assert ex.check(lambda x: x / 2 * (1 + 1e-4)) is not ex.reference   # inside the tolerance
+    assert capsys.readouterr().out.startswith("[PASS] <lambda> matches the reference on 2 fixed and 5 random")
+    assert check.exercise(lambda x: x / 2 * (1 + 1e-2), ex) is ex.reference  # outside it
+    assert capsys.readouterr().out.startswith("[FAIL] <lambda>(1.0) returned 0.505, expected 0.5")
+    exact = check.Exercise("halve", lambda x: x / 2, cases=[(1.0,)], compare=lambda got, want: got == want)
+    assert exact.check(lambda x: x * 0.5) is not exact.reference
+    assert exact.check(lambda x: x / 2 + 1e-12) is exact.reference
+    with pytest.raises(ValueError, match="rtol must be a finite number >= 0, got -1"):
+        check.exercise(reference, reference, cases=CASES, rtol=-1)

@@ -33,7 +33,7 @@ def test_setup_checks_version(capsys):
         env.setup(min_version="99.0.0")
     with pytest.raises(ValueError, match="min_version must be a version string"):
         env.setup(min_version="latest")
-    with pytest.raises(ValueError, match="seed must be an int in \\[0, 2\\*\\*32\\), got -1"):
+    with pytest.raises(ValueError, match="seed must be an int in \\[0, 4294967295\\], got -1"):
         env.setup(seed=-1)
 
 

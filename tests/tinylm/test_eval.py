@@ -93,9 +93,11 @@ def test_bad_input_gets_clear_errors(pretrained):
         perplexity(model, torch.zeros(2, 8, dtype=torch.long))
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
         perplexity(model, [1, 2, 3], batch_size=0)
-    with pytest.raises(ValueError, match="tasks must be a non-empty list of labkit.tinylm.corpus.Task"):
+    with pytest.raises(ValueError, match="tasks must be a non-empty list of labkit.tinylm.corpus.Task, got \\[\\]"):
         task_accuracy(model, [])
-    with pytest.raises(ValueError, match="tokens must be token ids or bytes, not str"):
+    with pytest.raises(TypeError, match="tasks must be a non-empty list of labkit.tinylm.corpus.Task, got str"):
+        task_accuracy(model, "1+1=")
+    with pytest.raises(TypeError, match="tokens must be token ids or bytes, not str"):
         perplexity(model, "some text")
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
         task_accuracy(model, data.make_tasks("copy", 2), batch_size=0)

@@ -12,16 +12,7 @@ from labkit.tinylm import corpus as data
 from labkit import tinylm as lm
 from labkit.tinylm.model import RMSNorm, apply_rope, rope_tables
 
-
-def small_model(seed=0, **overrides) -> lm.TinyLM:
-    torch.manual_seed(seed)
-    cfg = lm.TinyLMConfig(**{"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 96,
-                             "max_seq_len": 64, **overrides})
-    m = lm.TinyLM(cfg).eval()
-    with torch.no_grad():  # larger weights than the init, so that attention is far from uniform
-        for p in m.parameters():
-            p.mul_(8 if p.dim() == 2 else 1)
-    return m
+from .models import small_model
 
 
 # --- the committed model -------------------------------------------------------------------------
@@ -124,141 +115,18 @@ def test_rope_preserves_norms_and_depends_only_on_offsets():
     assert torch.allclose(at(q, 10) @ at(k, 3), at(q, 40) @ at(k, 33), atol=1e-4)
 
 
-def test_param_counts_match_the_module():
-    for seed in range(30):
-        cfg = lm.random_config(Rng(seed))
-        m = lm.TinyLM(cfg)
-        by_type = {}
-        for name, p in m.named_parameters():  # named_parameters lists a tied weight once
-            kind = {"head": "embedding"}.get(lm.layer_type(name), lm.layer_type(name))  # counts: both matrices
-            by_type[kind] = by_type.get(kind, 0) + p.numel()
-        counts = lm.param_counts(cfg)
-        assert {k: counts[k] for k in by_type} == by_type
-        assert counts["total"] == sum(p.numel() for p in m.parameters())
 
 
 # --- the KV cache --------------------------------------------------------------------------------
 
-@given(st.lists(st.integers(1, 12), min_size=1, max_size=5))
-@settings(max_examples=25, deadline=None)
-def test_cached_chunks_give_the_same_logits_as_one_pass(chunks):
-    m = small_model()
-    T = sum(chunks)
-    x = torch.randint(0, 256, (2, T), generator=torch.Generator().manual_seed(T))
-    with torch.no_grad():
-        full = m(x)
-        cache, parts, i = lm.KVCache(m.cfg, batch_size=2), [], 0
-        for c in chunks:
-            parts.append(m(x[:, i:i + c], cache))
-            i += c
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
 
 
-def test_cached_generation_equals_uncached_token_for_token(pretrained):
-    model, tok = pretrained
-    prompts = ["The old sailor", "kv: abc=12 xyz=34 ? xyz=", "17+25=", data.corpus("test", 180).decode()]
-    for p in prompts:
-        ids = tok.encode(p)
-        n = min(60, model.cfg.max_seq_len - len(ids))
-        assert model.generate(ids, n, use_cache=True) == model.generate(ids, n, use_cache=False)
-        sampled = dict(temperature=1.0, top_k=40, seed=3)
-        assert model.generate(ids, n, use_cache=True, **sampled) == model.generate(ids, n, use_cache=False, **sampled)
 
 
-def test_sampling_is_seeded_and_top_k_1_is_greedy():
-    m = small_model()
-    p = [1, 2, 3]
-    a = m.generate(p, 30, temperature=1.0, seed=5)
-    assert a == m.generate(p, 30, temperature=1.0, seed=5)
-    assert a != m.generate(p, 30, temperature=1.0, seed=6)
-    assert m.generate(p, 30, temperature=2.0, top_k=1, seed=9) == m.generate(p, 30)
 
 
-def test_top_k_only_draws_from_the_k_most_likely():
-    m = small_model()
-    p = [5, 6, 7]
-    with torch.no_grad():
-        allowed = set(torch.topk(m(torch.tensor([p]))[0, -1], 3).indices.tolist())
-    firsts = {m.generate(p, 1, temperature=5.0, top_k=3, seed=s)[0] for s in range(60)}
-    assert firsts <= allowed and len(firsts) > 1
 
 
-def test_generation_stops_at_stop_token():
-    m = small_model()
-    out = m.generate([1, 2], 40)
-    stop = out[5]
-    cut = m.generate([1, 2], 40, stop_token=stop)
-    assert cut == out[:out.index(stop) + 1]
 
 
 # --- bad input -----------------------------------------------------------------------------------
-
-def test_bad_config_is_refused():
-    with pytest.raises(ValueError, match=r"unknown TinyLMConfig field\(s\) \['n_experts'\]"):
-        lm.TinyLMConfig.from_dict({"d_model": 64, "n_experts": 8})
-    with pytest.raises(ValueError, match="n_heads .4. must be a multiple of n_kv_heads .3."):
-        lm.TinyLMConfig(n_kv_heads=3)
-    with pytest.raises(ValueError, match="d_model must be a positive int, got -1"):
-        lm.TinyLMConfig(d_model=-1)
-    with pytest.raises(ValueError, match="rope_theta must be a positive finite number, got nan"):
-        lm.TinyLMConfig(rope_theta=float("nan"))
-    with pytest.raises(TypeError, match="cfg must be a TinyLMConfig"):
-        lm.TinyLM({"d_model": 64})
-
-
-def test_bad_generation_arguments_are_refused_and_model_still_works():
-    m = small_model()
-    ctx = m.cfg.max_seq_len
-    with pytest.raises(ValueError, match=f"prompt length {ctx + 1} .* must be in \\[1, {ctx}\\]"):
-        m.generate([1] * (ctx + 1), 1)
-    with pytest.raises(ValueError, match="prompt length 60 \\+ max_new_tokens 10"):
-        m.generate([1] * 60, 10)
-    with pytest.raises(ValueError, match="prompt length 0"):
-        m.generate([], 3)
-    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got -0.5"):
-        m.generate([1], 3, temperature=-0.5)
-    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got nan"):
-        m.generate([1], 3, temperature=float("nan"))
-    with pytest.raises(ValueError, match="top_k must be an int in \\[1, 256\\], got 0"):
-        m.generate([1], 3, top_k=0)
-    with pytest.raises(ValueError, match="max_new_tokens must be a non-negative int, got -1"):
-        m.generate([1], -1)
-    with pytest.raises(ValueError, match="token ids must be in \\[0, 256\\)"):
-        m(torch.tensor([[1, 999]]))
-    with pytest.raises(ValueError, match="tokens must be a 2-D int64 tensor"):
-        m(torch.tensor([1, 2]))
-    with pytest.raises(TypeError, match="prompt must be a list of token ids"):
-        m.generate("The old sailor", 3)
-    with pytest.raises(TypeError, match="stop_token must be an int in \\[0, 255\\], got '\\\\n'"):
-        m.generate([1], 3, stop_token="\n")
-    with pytest.raises(TypeError, match="cache must implement labkit.tinylm.cache.Cache"):
-        m(torch.tensor([[1]]), cache={})
-    with pytest.raises(ValueError, match="cache was built for another config"):
-        m(torch.tensor([[1]]), lm.KVCache(lm.TinyLMConfig()))
-    with pytest.raises(ValueError, match="batch 0"):
-        m(torch.zeros(0, 3, dtype=torch.long))
-    assert len(m.generate([1, 2], 3, temperature=1e-300)) == 3  # overflows to the greedy limit
-    assert len(m.generate([1, 2], 5)) == 5
-
-
-def test_cache_overflow_is_refused_and_cache_left_consistent():
-    m = small_model()
-    cache = lm.KVCache(m.cfg, max_len=10)
-    m(torch.tensor([[1] * 8]), cache)
-    with pytest.raises(ValueError, match="sequence length 11 .cached 8 \\+ new 3, batch 1. must be in \\[1, 10\\]"):
-        m(torch.tensor([[1] * 3]), cache)
-    assert cache.length == 8
-    m(torch.tensor([[1] * 2]), cache)
-    assert cache.length == 10
-
-
-def test_half_precision_cache_works_and_stays_close():
-    m = small_model()
-    x = torch.randint(0, 256, (1, 12))
-    with torch.no_grad():
-        full = m(x)
-        cache = lm.KVCache(m.cfg, dtype=torch.bfloat16)
-        m(x[:, :6], cache)
-        tail = m(x[:, 6:], cache)
-    assert cache.k.dtype == torch.bfloat16
-    torch.testing.assert_close(tail, full[:, 6:], rtol=0.05, atol=0.5)

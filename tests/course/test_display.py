@@ -1,0 +1,28 @@
+"""labkit.course.display: aligned tables and fact-check verdicts."""
+import pytest
+
+from labkit.course import display
+
+
+def test_table_aligns_columns_and_rounds_floats():
+    text = display.table([{"name": "a", "x": 1.23456, "n": 10}, {"name": "long name", "x": 0.5, "n": 7}])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1  # every line as wide as the header
+    assert lines[0].split() == ["name", "x", "n"]
+    assert lines[1].split() == ["a", "1.23", "10"] and lines[2].split() == ["long", "name", "0.5", "7"]
+    assert display.table([{"x": 2 / 3}], digits=2).splitlines()[1].strip() == "0.67"
+    assert display.table([]) == "(no rows)"
+    with pytest.raises(TypeError, match="rows must be a list of dicts"):
+        display.table({"x": 1})
+
+
+def test_verdict_prints_each_part_once(capsys):
+    text = display.verdict("8:1 compression", ["4 bits vs 32 bits", "scales add 0.5 bit"], "Roughly.", "per channel")
+    out = capsys.readouterr().out
+    assert out == text + "\n"
+    assert text.splitlines() == ["CLAIM    8:1 compression", "         4 bits vs 32 bits", "         scales add 0.5 bit",
+                                 "VERDICT  Roughly.", "HOLDS IF per channel"]
+    with pytest.raises(TypeError, match="arithmetic must be a list of str lines"):
+        display.verdict("c", "one line", "v", "h")
+    with pytest.raises(TypeError, match="claim must be a non-empty str"):
+        display.verdict("", [], "v", "h")

@@ -1,0 +1,111 @@
+"""The KV-cache contract: the contiguous cache, and an independent cache that plugs into the same model."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labkit import tinylm as lm
+
+from .models import small_model
+
+
+class ListCache:
+    """An independent implementation of the contract: per layer, a Python list of [B, Hkv, 1, hd] slices,
+    concatenated on every update. Nothing shared with KVCache."""
+
+    def __init__(self, max_len):
+        self.slices, self.length, self.max_len, self.updates = {}, 0, max_len, []
+
+    def update(self, layer, k, v):
+        self.updates.append((layer, k.shape[2]))
+        ks, vs = self.slices.setdefault(layer, ([], []))
+        ks.extend(k.split(1, dim=2))
+        vs.extend(v.split(1, dim=2))
+        return torch.cat(ks, 2), torch.cat(vs, 2)
+
+    def advance(self, n_tokens):
+        self.length += n_tokens
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=5))
+@settings(max_examples=25, deadline=None)
+def test_cached_chunks_give_the_same_logits_as_one_pass(chunks):
+    m = small_model()
+    T = sum(chunks)
+    x = torch.randint(0, 256, (2, T), generator=torch.Generator().manual_seed(T))
+    with torch.no_grad():
+        full = m(x)
+        cache, parts, i = lm.KVCache(m.cfg, batch_size=2), [], 0
+        for c in chunks:
+            parts.append(m(x[:, i:i + c], cache))
+            i += c
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_overflow_is_refused_and_cache_left_consistent():
+    m = small_model()
+    cache = lm.KVCache(m.cfg, max_len=10)
+    m(torch.tensor([[1] * 8]), cache)
+    with pytest.raises(ValueError, match="sequence length 11 .cached 8 \\+ new 3, batch 1. must be in \\[1, 10\\]"):
+        m(torch.tensor([[1] * 3]), cache)
+    assert cache.length == 8
+    m(torch.tensor([[1] * 2]), cache)
+    assert cache.length == 10
+
+
+def test_half_precision_cache_works_and_stays_close():
+    m = small_model()
+    x = torch.randint(0, 256, (1, 12))
+    with torch.no_grad():
+        full = m(x)
+        cache = lm.KVCache(m.cfg, dtype=torch.bfloat16)
+        m(x[:, :6], cache)
+        tail = m(x[:, 6:], cache)
+    assert cache.k.dtype == torch.bfloat16
+    torch.testing.assert_close(tail, full[:, 6:], rtol=0.05, atol=0.5)
+
+
+
+def test_any_object_with_the_contract_plugs_into_the_model():
+    m = small_model()
+    x = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = m(x)
+        other, contiguous = ListCache(m.cfg.max_seq_len), lm.KVCache(m.cfg, batch_size=2)
+        assert isinstance(other, lm.Cache) and isinstance(contiguous, lm.Cache)
+        a = torch.cat([m(x[:, :7], other), m(x[:, 7:8], other), m(x[:, 8:], other)], 1)
+        b = torch.cat([m(x[:, :7], contiguous), m(x[:, 7:8], contiguous), m(x[:, 8:], contiguous)], 1)
+    torch.testing.assert_close(a, full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # attention called update once per layer per forward, with the new tokens only
+    assert other.updates == [(layer, t) for t in (7, 1, 12) for layer in range(m.cfg.n_layers)]
+    assert other.length == contiguous.length == 20
+
+
+def test_the_model_refuses_what_is_not_a_cache():
+    m = small_model()
+    with pytest.raises(TypeError, match="cache must implement labkit.tinylm.cache.Cache"):
+        m(torch.tensor([[1]]), cache=object())
+
+
+def test_kv_cache_refuses_bad_updates_and_stays_consistent():
+    cfg = lm.TinyLMConfig(n_layers=2, max_seq_len=8)
+    cache = lm.KVCache(cfg, batch_size=1, max_len=4)
+    k = torch.ones(1, cfg.n_kv_heads, 3, cfg.head_dim)
+    cache.update(0, k, k)
+    cache.advance(3)
+    with pytest.raises(ValueError, match="cached 3 \\+ new 3 positions must be <= max_len 4"):
+        cache.update(1, k, k)
+    with pytest.raises(ValueError, match="k and v must be \\[batch 1, n_kv_heads 2, T, head_dim 32\\]"):
+        cache.update(0, torch.ones(2, cfg.n_kv_heads, 1, cfg.head_dim), torch.ones(2, cfg.n_kv_heads, 1, cfg.head_dim))
+    with pytest.raises(ValueError, match="layer must be an int in \\[0, 1\\], got 2"):
+        cache.update(2, k[:, :, :1], k[:, :, :1])
+    with pytest.raises(ValueError, match="n_tokens must be an int in \\[1, 1\\], got 2"):
+        cache.advance(2)
+    assert cache.length == 3 and torch.equal(cache.k[0, :, :, :3], k)
+    with pytest.raises(ValueError, match="max_len must be an int in \\[1, 8\\], got 9"):
+        lm.KVCache(cfg, max_len=9)
+    with pytest.raises(TypeError, match="batch_size must be a positive int, got 1.0"):
+        lm.KVCache(cfg, batch_size=1.0)
+    with pytest.raises(TypeError, match="cfg must be a TinyLMConfig"):
+        lm.KVCache({"n_layers": 2})
