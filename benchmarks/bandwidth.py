@@ -3,38 +3,33 @@
     python benchmarks/bandwidth.py
 
 Goal (issue 3): measure_bandwidth() finishes in at most 3 s, and its read and copy figures agree within 25%
-with a straightforward numpy timing taken in the same run (a different array, timed with one loop, no
-warm-up tricks). Prints both and the ratios; copy the output into benchmarks/RESULTS.md.
+with a straightforward numpy timing taken in the same run (a different, larger array, the median of a few
+timings, no warm-up). Both are timed with the course's one timing helper, labkit.course.timing.measure.
+Prints both and the ratios; copy the output into benchmarks/RESULTS.md.
 """
-
-import time
 
 import numpy as np
 
+from labkit.course import timing
 from labkit.memory_wall.hardware import measure_bandwidth
 
 
 def plain_numpy(nbytes: int = 512 * 2**20, repeats: int = 3) -> dict:
-    """The baseline: sum and copy a fresh 512 MiB array, median of `repeats` timings."""
+    """The baseline: sum and copy a fresh 512 MiB array, median of `repeats` timings, no warm-up."""
     a = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
     b = np.empty_like(a)
     b[:] = 0.0
-    sums, copies = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a.sum()
-        t1 = time.perf_counter()
+
+    def copy():
         b[:] = a
-        t2 = time.perf_counter()
-        sums.append(t1 - t0)
-        copies.append(t2 - t1)
-    return {"read": a.nbytes / np.median(sums), "copy": 2 * a.nbytes / np.median(copies)}
+
+    t = timing.interleave({"read": a.sum, "copy": copy}, repeats, warmup=0)  # in turns, as one loop would
+    return {"read": a.nbytes / t["read"].median, "copy": 2 * a.nbytes / t["copy"].median}
 
 
 def main() -> None:
-    t0 = time.perf_counter()
-    ours = measure_bandwidth(progress=False)
-    seconds = time.perf_counter() - t0
+    ours = {}
+    seconds = timing.measure(lambda: ours.update(measure_bandwidth(progress=False)), repeats=1, warmup=0).best
     base = plain_numpy()
     print(f"measure_bandwidth(): {seconds:.2f} s (goal <= 3 s), {ours['array_bytes'] / 2**20:.0f} MiB arrays")
     for key in ("read", "copy"):

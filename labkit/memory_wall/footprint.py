@@ -58,8 +58,8 @@ def activation_bytes(spec: ModelSpec, batch: int, seq_len: int, bytes_per_elemen
     the MLP: the residual stream and its normalized copy (2 x d_model per token) plus, for SwiGLU, three
     d_ff-wide tensors (gate, silu(gate), up; their product replaces one of them), for GELU two. Attention is
     assumed to run in a fused kernel that never stores the seq_len x seq_len score matrix.
-    An estimate: TinyLM's own forward pass peaks within 25% of it (tests/test_footprint.py follows its live
-    tensors); rotary and grouped-query temporaries in attention make up the difference."""
+    An estimate: TinyLM's own forward pass peaks within 25% of it (tests/memory_wall/test_footprint.py follows
+    its live tensors); rotary and grouped-query temporaries in attention make up the difference."""
     spec = _spec(spec)
     batch, seq_len = _sizes(batch, seq_len, "seq_len")
     element = check_positive("bytes_per_element", bytes_per_element, unit="bytes")

@@ -2,36 +2,32 @@
 
 Used by notebook 01_memory_wall (the roofline of *this* machine) and 03_int4_quantization (the effective
 bandwidth of the INT4 matmul). Results are in bytes/s and FLOP/s; they move by about +-20% between runs,
-so notebooks print them rounded and never compare them.
+so notebooks print them rounded and never compare them. Every figure is timed with the course's one timing
+helper, labkit.course.timing.measure, and is the best of its repeats: the run least disturbed by other work.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..tinylm import KVCache
+from .._checks import check_bool, check_choice, check_int, check_positive_int, check_type, fail
+from ..course import measure
+from ..tinylm import KVCache, TinyLM
+
+MIN_BYTES = 2**20  # below a MiB an array sits in cache, and the figure says nothing about memory
 
 
-def _best_time(fn, repeats: int, bar=None) -> float:
-    """Shortest of `repeats` timed calls (seconds): the run least disturbed by other work."""
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-        if bar is not None:
-            bar.update(1)
-    return best
+def _sizes(nbytes, repeats, progress) -> None:
+    check_int("nbytes", nbytes, low=MIN_BYTES, unit="bytes")
+    check_positive_int("repeats", repeats)
+    check_bool("progress", progress)
 
 
-def _check_count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+def _dtype(dtype, allowed: tuple) -> torch.dtype:
+    check_type("dtype", dtype, torch.dtype, "a torch.dtype")
+    return check_choice("dtype", dtype, allowed)
 
 
 def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress: bool = True) -> dict:
@@ -46,16 +42,15 @@ def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress: boo
     Both arrays are written once before timing, so first-touch page faults are not counted. Each figure is
     the best of `repeats` runs. Returns {"read", "copy", "read_threads", "threads", "array_bytes",
     "repeats"}."""
-    _check_count("nbytes", nbytes, 2**20)
-    _check_count("repeats", repeats, 1)
+    _sizes(nbytes, repeats, progress)
     n = nbytes // 4
     a = np.ones(n, dtype=np.float32)
     b = np.zeros(n, dtype=np.float32)
     t = torch.from_numpy(a)  # the same memory, no copy
     with tqdm(total=3 * repeats, desc="bandwidth", disable=not progress) as bar:
-        read_s = _best_time(lambda: np.sum(a), repeats, bar)
-        copy_s = _best_time(lambda: np.copyto(b, a), repeats, bar)
-        threads_s = _best_time(lambda: t.sum(), repeats, bar)
+        read_s = measure(lambda: np.sum(a), repeats, warmup=0, bar=bar).best
+        copy_s = measure(lambda: np.copyto(b, a), repeats, warmup=0, bar=bar).best
+        threads_s = measure(lambda: t.sum(), repeats, warmup=0, bar=bar).best
     return {"read": a.nbytes / read_s, "copy": 2 * a.nbytes / copy_s, "read_threads": a.nbytes / threads_s,
             "threads": torch.get_num_threads(), "array_bytes": a.nbytes, "repeats": repeats}
 
@@ -65,13 +60,13 @@ def measure_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: in
     """Peak matmul throughput in FLOP/s: an n x n by n x n product counts 2 n^3 FLOP; best of `repeats`,
     after one warm-up, with torch's default thread count. `dtype` is torch.float32 or torch.bfloat16
     (or torch.float16 on a GPU)."""
-    allowed = (torch.float32, torch.bfloat16, torch.float16)
-    if dtype not in allowed:
-        raise ValueError(f"dtype must be one of {allowed}, got {dtype!r}")
-    _check_count("n", n, 16)
-    _check_count("repeats", repeats, 1)
+    _dtype(dtype, (torch.float32, torch.bfloat16, torch.float16))
+    check_int("n", n, low=16)
+    check_positive_int("repeats", repeats)
+    check_bool("progress", progress)
+    check_type("device", device, str)
     if device != "cpu" and not torch.cuda.is_available():
-        raise ValueError(f"device must be 'cpu' when no GPU is available, got {device!r}")
+        fail("device", device, "'cpu' when no GPU is available")
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     y = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
@@ -81,17 +76,15 @@ def measure_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: in
         if device != "cpu":
             torch.cuda.synchronize()
 
-    run()
     with tqdm(total=repeats, desc=f"matmul {str(dtype).removeprefix('torch.')}", disable=not progress) as bar:
-        return 2 * n**3 / _best_time(run, repeats, bar)
+        return 2 * n**3 / measure(run, repeats, warmup=1, bar=bar).best
 
 
 def measure_link_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress: bool = True) -> dict | None:
     """Host-to-device copy bandwidth in bytes/s, from pinned and from pageable host memory, or None when
     there is no GPU. Pinned memory can be copied by DMA directly; pageable memory is first staged through a
     pinned buffer by the driver, which is why it is slower."""
-    _check_count("nbytes", nbytes, 2**20)
-    _check_count("repeats", repeats, 1)
+    _sizes(nbytes, repeats, progress)
     if not torch.cuda.is_available():
         return None
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -104,8 +97,7 @@ def measure_link_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, progress
                 dst.copy_(src, non_blocking=pinned)
                 torch.cuda.synchronize()
 
-            copy()
-            out[kind] = nbytes / _best_time(copy, repeats, bar)
+            out[kind] = nbytes / measure(copy, repeats, warmup=1, bar=bar).best
     return out
 
 
@@ -115,11 +107,10 @@ def measure_gemv(rows: int = 4096, cols: int = 4096, n_matrices: int = 8, dtype:
     default 8 x 64 MiB in FP32, more than common CPU caches hold, so every weight comes from memory).
     Returns seconds per matrix-vector product and the effective rates: {"seconds", "bytes_per_s"
     (weight bytes / time), "flops_per_s" (2 rows cols / time), "intensity" (FLOP/byte), "weight_bytes"}."""
-    for name, v, lo in (("rows", rows, 1), ("cols", cols, 1), ("n_matrices", n_matrices, 1),
-                        ("repeats", repeats, 1)):
-        _check_count(name, v, lo)
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype!r}")
+    for name, v in (("rows", rows), ("cols", cols), ("n_matrices", n_matrices), ("repeats", repeats)):
+        check_positive_int(name, v)
+    _dtype(dtype, (torch.float32, torch.bfloat16))
+    check_bool("progress", progress)
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(rows, cols, generator=g).to(dtype) for _ in range(n_matrices)]
     x = torch.randn(1, cols, generator=g).to(dtype)
@@ -128,36 +119,40 @@ def measure_gemv(rows: int = 4096, cols: int = 4096, n_matrices: int = 8, dtype:
         for w in weights:
             torch.nn.functional.linear(x, w)
 
-    sweep()
     with tqdm(total=repeats, desc="matrix-vector", disable=not progress) as bar:
-        seconds = _best_time(sweep, repeats, bar) / n_matrices
+        seconds = measure(sweep, repeats, warmup=1, bar=bar).best / n_matrices
     nbytes = weights[0].nbytes
     return {"seconds": seconds, "bytes_per_s": nbytes / seconds, "flops_per_s": 2 * rows * cols / seconds,
             "intensity": 2 * rows * cols / nbytes, "weight_bytes": nbytes}
 
 
 @torch.no_grad()
-def measure_decode(model, prompt_len: int = 64, new_tokens: int = 64, repeats: int = 3) -> dict:
-    """Time a TinyLM (labkit.model) here: one prefill of `prompt_len` tokens, then `new_tokens` batch-1 decode
-    steps with the KV cache. Returns {"prefill_s", "decode_s_per_token", "tokens_per_s"} (best of
-    `repeats`)."""
-    _check_count("prompt_len", prompt_len, 1)
-    _check_count("new_tokens", new_tokens, 1)
-    _check_count("repeats", repeats, 1)
+def measure_decode(model: TinyLM, prompt_len: int = 64, new_tokens: int = 64, repeats: int = 3) -> dict:
+    """Time a TinyLM here: one prefill of `prompt_len` tokens, then `new_tokens` batch-1 decode steps with the
+    KV cache. Returns {"prefill_s", "decode_s_per_token", "tokens_per_s"}, each the best of `repeats` after
+    one warm-up. Every repeat starts from the same state: the cache is rewound to empty (prefill) or to the
+    prompt (decode), whose keys and values stay in place, so each decode repeat attends to the same context."""
+    check_type("model", model, TinyLM, "a labkit.tinylm.TinyLM")
+    check_positive_int("prompt_len", prompt_len, unit="tokens")
+    check_positive_int("new_tokens", new_tokens, unit="tokens")
+    check_positive_int("repeats", repeats)
     if prompt_len + new_tokens > model.cfg.max_seq_len:
         raise ValueError(f"prompt_len + new_tokens must be <= {model.cfg.max_seq_len}, "
                          f"got {prompt_len} + {new_tokens}")
     device = next(model.parameters()).device
     prompt = torch.zeros(1, prompt_len, dtype=torch.long, device=device)
     one = torch.zeros(1, 1, dtype=torch.long, device=device)
-    best_prefill = best_decode = float("inf")
-    for _ in range(repeats):
-        cache = KVCache(model.cfg, 1, prompt_len + new_tokens, device=device)
-        t0 = time.perf_counter()
+    cache = KVCache(model.cfg, 1, prompt_len + new_tokens, device=device)
+
+    def prefill():
+        cache.rewind(0)
         model(prompt, cache)  # the forward pass advances cache.length
-        t1 = time.perf_counter()
+
+    def decode():
+        cache.rewind(prompt_len)
         for _ in range(new_tokens):
             model(one, cache)
-        t2 = time.perf_counter()
-        best_prefill, best_decode = min(best_prefill, t1 - t0), min(best_decode, (t2 - t1) / new_tokens)
-    return {"prefill_s": best_prefill, "decode_s_per_token": best_decode, "tokens_per_s": 1 / best_decode}
+
+    prefill_s = measure(prefill, repeats, warmup=1).best
+    decode_s = measure(decode, repeats, warmup=1).best / new_tokens  # the cache holds the prompt now
+    return {"prefill_s": prefill_s, "decode_s_per_token": decode_s, "tokens_per_s": 1 / decode_s}

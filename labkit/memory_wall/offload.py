@@ -1,4 +1,5 @@
-"""Layer offloading: which layers stay on the accelerator, and what the rest costs (notebook 02, section 7).
+"""Layer offloading: which layers stay on the accelerator, and what the rest costs (notebook 02, section 7;
+notebook 01 computes the same step time with roofline.offload_time).
 
 `plan_device_map` places layers in order on the devices of `max_memory` (e.g. gpu, then cpu, then disk),
 the way accelerate's `infer_auto_device_map` does: on the first device it keeps room for the largest layer
@@ -10,7 +11,7 @@ that ends up offloaded, because an offloaded layer is copied onto the first devi
 `ngl_curve` is the llama.cpp `-ngl N` picture, with llama.cpp's rule (src/llama-model.cpp,
 `i_gpu_start = n_layer - n_gpu_layers`): the LAST N repeating layers go to the device; the input
 embedding always stays in host memory (a token reads one row of it); the output layer (final norm + LM
-head) goes to the device only when N > n_layer. Time per token from labkit.roofline.offload_time
+head) goes to the device only when N > n_layer. Time per token from roofline.offload_time
 (stream: offloaded weights cross the link every token; split: the host computes its layers).
 
     N = 2 of 4:   embed | L0 L1 | L2 L3 | output        host: embed (1 row), L0, L1, output
@@ -21,19 +22,23 @@ head) goes to the device only when N > n_layer. Time per token from labkit.roofl
 from __future__ import annotations
 
 from .roofline import offload_time
+from .._checks import check_number, check_positive_int, check_type, fail
+
+
+def _byte_counts(name: str, sizes: dict | list, keys: bool) -> None:
+    """A non-empty dict (keys=True) or list of non-negative ints, each checked under its own name."""
+    check_type(name, sizes, dict if keys else (list, tuple), "a dict" if keys else "a list")
+    if not sizes:
+        fail(name, sizes, f"a non-empty {'dict' if keys else 'list'} of byte counts")
+    for k, v in (sizes.items() if keys else enumerate(sizes)):
+        check_positive_int(f"{name}[{k!r}]", v, unit="bytes", allow_zero=True)
 
 
 def plan_device_map(layer_bytes: dict[str, int], max_memory: dict[str, int]) -> dict[str, str]:
     """layer name -> device name. Layers keep their order; each device is filled before the next. On the
     first device, room for the largest layer placed elsewhere is kept free. ValueError if they do not fit."""
-    if not isinstance(layer_bytes, dict) or not layer_bytes:
-        raise ValueError(f"layer_bytes must be a non-empty dict name -> bytes, got {layer_bytes!r}")
-    if not isinstance(max_memory, dict) or not max_memory:
-        raise ValueError(f"max_memory must be a non-empty dict device -> bytes, got {max_memory!r}")
-    for what, d in (("layer_bytes", layer_bytes), ("max_memory", max_memory)):
-        for k, v in d.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{what}[{k!r}] must be a non-negative int (bytes), got {v!r}")
+    _byte_counts("layer_bytes", layer_bytes, keys=True)
+    _byte_counts("max_memory", max_memory, keys=True)
     names, sizes = list(layer_bytes), list(layer_bytes.values())
     devices, caps = list(max_memory), list(max_memory.values())
     # first device: the longest prefix that fits together with the largest layer after it
@@ -63,11 +68,11 @@ def ngl_curve(layer_bytes: list[int], device_bandwidth: float, link_bandwidth: f
     token reads (the embedding stays in host memory, so this row always counts as offloaded bytes).
     One dict per N with "k" (= N), "resident_bytes", "offloaded_bytes" and offload_time's "time_s",
     "transfer_s", "transfer_share", ..."""
-    if not layer_bytes or any(not isinstance(b, int) or isinstance(b, bool) or b < 0 for b in layer_bytes):
-        raise ValueError(f"layer_bytes must be a non-empty list of non-negative ints, got {layer_bytes!r}")
+    _byte_counts("layer_bytes", layer_bytes, keys=False)
     for name, v in (("output_bytes", output_bytes), ("embedding_row_bytes", embedding_row_bytes)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{name} must be a non-negative int (bytes), got {v!r}")
+        check_positive_int(name, v, unit="bytes", allow_zero=True)
+    # the settings offload_time checks, checked once before the curve is built
+    offload_time(1, 1, device_bandwidth, link_bandwidth, host_bandwidth, mode)
     n_layer, out = len(layer_bytes), []
     total = sum(layer_bytes) + output_bytes + embedding_row_bytes
     for k in range(n_layer + 2):
@@ -79,4 +84,11 @@ def ngl_curve(layer_bytes: list[int], device_bandwidth: float, link_bandwidth: f
 
 def share_range(curve: list[dict], low: float = 0.3, high: float = 0.5) -> list[int]:
     """The k of a ngl_curve whose transfer share lies in [low, high] (the "30-50%" claim's window)."""
+    check_type("curve", curve, list, "a list (from ngl_curve)")
+    if not all(isinstance(c, dict) and {"k", "transfer_share"} <= set(c) for c in curve):
+        fail("curve", curve, "a list of dicts with 'k' and 'transfer_share' (from ngl_curve)", TypeError)
+    low = check_number("low", low, 0, 1)
+    high = check_number("high", high, 0, 1)
+    if low > high:
+        fail("high", high, f">= low ({low:g})")
     return [c["k"] for c in curve if low <= c["transfer_share"] <= high]

@@ -88,6 +88,11 @@ class KVCache:
         check_int("n_tokens", n_tokens, 1, self.max_len - self.length)
         self.length += n_tokens
 
+    def rewind(self, length: int) -> None:
+        """Forget every position from `length` on (they will be overwritten): re-run a decode from the same
+        prompt without rebuilding the cache (labkit.memory_wall.hardware times repeats this way)."""
+        self.length = check_int("length", length, 0, self.length)
+
     def nbytes(self) -> int:
         """Bytes reserved by the cache (keys + values)."""
         return self.k.numel() * self.k.element_size() * 2

@@ -8,6 +8,8 @@ from labkit.memory_wall import footprint as fp
 from labkit import specs
 from labkit.tinylm import TinyLM, TinyLMConfig
 
+from ..refusals import assert_refused
+
 
 class PeakLiveBytes(TorchDispatchMode):
     """Brute force: follow every tensor storage that an op creates until Python frees it; keep the peak."""
@@ -59,15 +61,6 @@ def test_precisions_count_scales_as_llama_cpp_blocks_do():
     assert fp.PRECISIONS["int4-g32 asym (Q4_1)"] == 20 * 8 / 32
     assert fp.PRECISIONS["int8-g32 (Q8_0)"] == 34 * 8 / 32
     assert fp.bits_of(3.5) == 3.5
-
-
-@pytest.mark.parametrize("kwargs,match", [({"precision": "int3"}, "precision must be one of"),
-                                          ({"precision": 40}, "precision must be"),
-                                          ({"batch": 0}, "batch"), ({"context": -1}, "context"),
-                                          ({"kv_bytes_per_element": 0}, "bytes_per_element")])
-def test_footprint_refuses_bad_input(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        fp.footprint(specs.model("llama-2-7b"), **kwargs)
 
 
 def test_dense_models_read_every_weight_matrix_once_per_step_but_only_the_batchs_embedding_rows():
@@ -136,8 +129,57 @@ def test_large_batches_hit_the_compute_roof():
         fp.decode_tokens_per_s(m, "bf16", 1, 128, h200.bandwidth)
 
 
-def test_bad_element_sizes_and_precisions_are_named():
-    with pytest.raises(ValueError, match="bytes_per_element"):
-        fp.activation_bytes(specs.model("llama-2-7b"), 1, 16, bytes_per_element=-2)
-    with pytest.raises(ValueError, match="precision must be one of"):
-        fp.bits_of(64)
+def test_what_fits_is_weights_plus_kv_cache_against_the_devices_memory():
+    m, h100 = specs.model("llama-2-70b"), specs.device("h100-sxm")
+    # by hand: 137.95 GB of BF16 weights + 1.34 GB of KV cache at batch 1 x 4,096 tokens = 139.3 GB
+    need = m.n_params * 2 + 4096 * 2 * 80 * 8 * 128 * 2
+    assert fp.devices_needed(m, "bf16", 1, 4096, h100.memory_bytes) == -(-need // h100.memory_bytes) == 2
+    assert not fp.fits(m, "bf16", 1, 4096, h100.memory_bytes)
+    assert fp.fits(m, "bf16", 1, 4096, need) and not fp.fits(m, "bf16", 1, 4096, need - 1)
+    assert fp.fits(m, "int4-g32 sym (Q4_0)", 1, 4096, h100.memory_bytes)
+    # activations do not count: a long prefill's temporaries are transient
+    f = fp.footprint(m, "bf16", 8, 32768)
+    assert fp.fits(m, "bf16", 8, 32768, f["weights"] + f["kv_cache"]) and f["activations"] > 0
+
+
+LLAMA = specs.model("llama-2-7b")
+
+# (function, arguments, error, argument named, bad value, what the message says was expected)
+REFUSED = [
+    (fp.bits_of, ("int3",), ValueError, "precision", "int3", "one of ['fp32'"),
+    (fp.bits_of, (64,), ValueError, "precision", 64, "or a number of bits in (0, 32]"),
+    (fp.bits_of, (0,), ValueError, "precision", 0, "or a number of bits in (0, 32]"),
+    (fp.bits_of, (float("nan"),), ValueError, "precision", float("nan"), "or a number of bits"),
+    (fp.bits_of, (None,), TypeError, "precision", None, "or a number of bits"),
+    (fp.bits_of, (True,), TypeError, "precision", True, "or a number of bits"),
+    (fp.activation_bytes, ("llama-2-7b", 1, 16), TypeError, "spec", "llama-2-7b", "a labkit.specs.ModelSpec"),
+    (fp.activation_bytes, (LLAMA, 0, 16), ValueError, "batch", 0, "a positive int (sequences)"),
+    (fp.activation_bytes, (LLAMA, 1, 1.5), TypeError, "seq_len", 1.5, "a positive int (tokens)"),
+    (fp.activation_bytes, (LLAMA, 1, 16, -2), ValueError, "bytes_per_element", -2, "a positive finite number"),
+    (fp.footprint, (LLAMA, "int3"), ValueError, "precision", "int3", "one of ['fp32'"),
+    (fp.footprint, (LLAMA, 40), ValueError, "precision", 40, "a number of bits in (0, 32]"),
+    (fp.footprint, (LLAMA, "bf16", 0), ValueError, "batch", 0, "a positive int"),
+    (fp.footprint, (LLAMA, "bf16", 1, -1), ValueError, "context", -1, "a positive int (tokens)"),
+    (fp.footprint, (LLAMA, "bf16", 1, "2048"), TypeError, "context", "2048", "a positive int"),
+    (fp.footprint, (LLAMA, "bf16", 1, 16, 0), ValueError, "kv_bytes_per_element", 0, "a positive finite number"),
+    (fp.footprint, (LLAMA, "bf16", 1, 16, 2, None), TypeError, "act_bytes_per_element", None, "a positive"),
+    (fp.footprint, (None,), TypeError, "spec", None, "a labkit.specs.ModelSpec"),
+    (fp.params_read, (LLAMA, 0), ValueError, "batch", 0, "a positive int"),
+    (fp.params_read, ({}, 1), TypeError, "spec", {}, "a labkit.specs.ModelSpec"),
+    (fp.decode_flops_per_step, (LLAMA, 1, 0), ValueError, "context", 0, "a positive int"),
+    (fp.decode_flops_per_step, (LLAMA, 2.0), TypeError, "batch", 2.0, "a positive int"),
+    (fp.decode_bytes_per_step, (LLAMA, "q4"), ValueError, "precision", "q4", "one of ['fp32'"),
+    (fp.decode_bytes_per_step, (LLAMA, "bf16", 1, 16, -1), ValueError, "kv_bytes_per_element", -1, "a positive"),
+    (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 0), ValueError, "bandwidth", 0, "a positive finite number"),
+    (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 1e12, 2, -1), ValueError, "peak_flops", -1, "a positive"),
+    (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 1e12, 2, "1e15"), TypeError, "peak_flops", "1e15", "a positive"),
+    (fp.devices_needed, (LLAMA, "bf16", 1, 16, 0), ValueError, "memory_bytes", 0, "a positive finite number"),
+    (fp.fits, (LLAMA, "bf16", 1, 16, "80e9"), TypeError, "memory_bytes", "80e9", "a positive finite number"),
+    (fp.fits, (LLAMA, "bf16", 0, 16, 80e9), ValueError, "batch", 0, "a positive int"),
+]
+
+
+@pytest.mark.parametrize("fn,args,error,name,value,expected", REFUSED,
+                         ids=[f"{r[0].__name__}-{r[3]}-{r[4]!r}" for r in REFUSED])
+def test_bad_input_is_refused_with_the_argument_the_value_and_the_expectation(fn, args, error, name, value, expected):
+    assert_refused(lambda: fn(*args), error, name, value, expected)

@@ -3,6 +3,8 @@ import torch
 
 from labkit.memory_wall import hardware
 
+from ..refusals import assert_refused
+
 
 def test_measure_bandwidth_reports_bytes_per_second_for_read_and_copy():
     got = hardware.measure_bandwidth(nbytes=8 * 2**20, repeats=2, progress=False)
@@ -13,30 +15,17 @@ def test_measure_bandwidth_reports_bytes_per_second_for_read_and_copy():
     assert got["threads"] == torch.get_num_threads()
 
 
-@pytest.mark.parametrize("kwargs", [{"nbytes": 1000}, {"nbytes": 2.5e8}, {"repeats": 0}, {"nbytes": True}])
-def test_measure_bandwidth_refuses_bad_sizes(kwargs):
-    with pytest.raises(ValueError, match="nbytes|repeats"):
-        hardware.measure_bandwidth(**kwargs)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_measure_flops_reports_flop_per_second(dtype):
     flops = hardware.measure_flops(dtype, n=128, repeats=2, progress=False)
     assert 1e7 < flops < 1e16
 
 
-@pytest.mark.parametrize("kwargs,match", [({"dtype": torch.int8}, "dtype"), ({"n": 8}, "n must"),
-                                          ({"repeats": -1}, "repeats")])
-def test_measure_flops_refuses_bad_input(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        hardware.measure_flops(**kwargs)
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answer")
 def test_link_bandwidth_is_none_without_a_gpu():
     assert hardware.measure_link_bandwidth(progress=False) is None
-    with pytest.raises(ValueError, match="device"):
-        hardware.measure_flops(device="cuda")
+    assert_refused(lambda: hardware.measure_flops(device="cuda"), ValueError, "device", "cuda",
+                   "'cpu' when no GPU is available")
 
 
 def test_measure_gemv_reports_consistent_rates():
@@ -45,13 +34,64 @@ def test_measure_gemv_reports_consistent_rates():
     assert got["intensity"] == 0.5  # 2 FLOP per 4-byte weight
     assert got["flops_per_s"] == pytest.approx(got["bytes_per_s"] * got["intensity"])
     assert got["seconds"] > 0
-    with pytest.raises(ValueError, match="dtype"):
-        hardware.measure_gemv(dtype=torch.float16)
 
 
 def test_measure_decode_times_prefill_and_cached_steps(pretrained):
     model, _ = pretrained
     got = hardware.measure_decode(model, prompt_len=8, new_tokens=4, repeats=1)
     assert got["prefill_s"] > 0 and got["tokens_per_s"] == pytest.approx(1 / got["decode_s_per_token"])
-    with pytest.raises(ValueError, match="prompt_len \\+ new_tokens"):
+    with pytest.raises(ValueError, match="prompt_len \\+ new_tokens must be <= 256, got 250 \\+ 10"):
         hardware.measure_decode(model, prompt_len=250, new_tokens=10)
+
+
+def test_measure_decode_leaves_the_model_as_it_was(pretrained):
+    model, _ = pretrained
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.arange(10).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(x)
+    hardware.measure_decode(model, prompt_len=4, new_tokens=3, repeats=2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(model(x), logits)
+
+
+# (function, keyword arguments, error, argument named, bad value, what the message says was expected)
+REFUSED = [
+    (hardware.measure_bandwidth, {"nbytes": 1000}, ValueError, "nbytes", 1000, "an int >= 1048576 (bytes)"),
+    (hardware.measure_bandwidth, {"nbytes": 2.5e8}, TypeError, "nbytes", 2.5e8, "an int >= 1048576"),
+    (hardware.measure_bandwidth, {"nbytes": True}, TypeError, "nbytes", True, "an int >= 1048576"),
+    (hardware.measure_bandwidth, {"repeats": 0}, ValueError, "repeats", 0, "a positive int"),
+    (hardware.measure_bandwidth, {"progress": "no"}, TypeError, "progress", "no", "True or False"),
+    (hardware.measure_flops, {"dtype": torch.int8}, ValueError, "dtype", torch.int8, "one of (torch.float32"),
+    (hardware.measure_flops, {"dtype": "float32"}, TypeError, "dtype", "float32", "a torch.dtype"),
+    (hardware.measure_flops, {"n": 8}, ValueError, "n", 8, "an int >= 16"),
+    (hardware.measure_flops, {"n": 64.0}, TypeError, "n", 64.0, "an int >= 16"),
+    (hardware.measure_flops, {"repeats": -1}, ValueError, "repeats", -1, "a positive int"),
+    (hardware.measure_flops, {"device": 0}, TypeError, "device", 0, "str"),
+    (hardware.measure_link_bandwidth, {"nbytes": 10}, ValueError, "nbytes", 10, "an int >= 1048576"),
+    (hardware.measure_link_bandwidth, {"repeats": 1.5}, TypeError, "repeats", 1.5, "a positive int"),
+    (hardware.measure_gemv, {"dtype": torch.float16}, ValueError, "dtype", torch.float16, "one of (torch.float32"),
+    (hardware.measure_gemv, {"rows": 0}, ValueError, "rows", 0, "a positive int"),
+    (hardware.measure_gemv, {"cols": "4096"}, TypeError, "cols", "4096", "a positive int"),
+    (hardware.measure_gemv, {"n_matrices": -2}, ValueError, "n_matrices", -2, "a positive int"),
+    (hardware.measure_gemv, {"repeats": 0}, ValueError, "repeats", 0, "a positive int"),
+    (hardware.measure_gemv, {"progress": 1}, TypeError, "progress", 1, "True or False"),
+]
+
+
+@pytest.mark.parametrize("fn,kwargs,error,name,value,expected", REFUSED,
+                         ids=[f"{r[0].__name__}-{r[3]}-{r[4]!r}" for r in REFUSED])
+def test_bad_settings_are_refused_before_anything_is_measured(fn, kwargs, error, name, value, expected):
+    assert_refused(lambda: fn(**kwargs), error, name, value, expected)
+
+
+@pytest.mark.parametrize("kwargs,error,name,value,expected", [
+    ({"prompt_len": 0}, ValueError, "prompt_len", 0, "a positive int (tokens)"),
+    ({"new_tokens": 2.0}, TypeError, "new_tokens", 2.0, "a positive int (tokens)"),
+    ({"repeats": 0}, ValueError, "repeats", 0, "a positive int"),
+])
+def test_measure_decode_refuses_bad_settings(pretrained, kwargs, error, name, value, expected):
+    model, _ = pretrained
+    assert_refused(lambda: hardware.measure_decode(model, **kwargs), error, name, value, expected)
+    assert_refused(lambda: hardware.measure_decode("tinylm"), TypeError, "model", "tinylm", "a labkit.tinylm.TinyLM")

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from labkit.memory_wall.offload import ngl_curve, plan_device_map, share_range
 
+from ..refusals import assert_refused
+
 
 def test_hand_example_keeps_room_for_the_largest_offloaded_layer():
     layers = {"a": 4, "b": 4, "c": 4, "d": 6}
@@ -58,14 +60,43 @@ def test_ngl_curve_by_hand():
     assert share_range(ngl_curve([g] * 4, 1e12, 25e9), 0.0, 0.0) == [4, 5]
 
 
-def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="layer_bytes"):
-        plan_device_map({}, {"gpu": 1})
-    with pytest.raises(ValueError, match=r"max_memory\['gpu'\]"):
-        plan_device_map({"a": 1}, {"gpu": -1})
-    with pytest.raises(ValueError, match="does not fit"):
+def test_layers_that_do_not_fit_anywhere_are_named():
+    with pytest.raises(ValueError, match="layer 'a' \\(5 bytes\\) does not fit: max_memory .* is too small"):
         plan_device_map({"a": 5}, {"gpu": 1, "cpu": 2})
-    with pytest.raises(ValueError, match="layer_bytes"):
-        ngl_curve([], 1e12, 1e9)
-    with pytest.raises(ValueError, match="output_bytes"):
-        ngl_curve([1], 1e12, 1e9, output_bytes=-1)
+
+
+CURVE = ngl_curve([10, 10], 1e12, 25e9)
+
+# (function, arguments, error, argument named, bad value, what the message says was expected)
+REFUSED = [
+    (plan_device_map, ({}, {"gpu": 1}), ValueError, "layer_bytes", {}, "a non-empty dict of byte counts"),
+    (plan_device_map, ([1, 2], {"gpu": 1}), TypeError, "layer_bytes", [1, 2], "a dict"),
+    (plan_device_map, ({"a": 1}, {"gpu": -1}), ValueError, "max_memory['gpu']", -1, "a non-negative int (bytes)"),
+    (plan_device_map, ({"a": 1.5}, {"gpu": 1}), TypeError, "layer_bytes['a']", 1.5, "a non-negative int"),
+    (plan_device_map, ({"a": 1}, None), TypeError, "max_memory", None, "a dict"),
+    (ngl_curve, ([], 1e12, 1e9), ValueError, "layer_bytes", [], "a non-empty list of byte counts"),
+    (ngl_curve, ({"a": 1}, 1e12, 1e9), TypeError, "layer_bytes", {"a": 1}, "a list"),
+    (ngl_curve, ([1, -2], 1e12, 1e9), ValueError, "layer_bytes[1]", -2, "a non-negative int (bytes)"),
+    (ngl_curve, ([1], 1e12, 1e9, None, "stream", -1), ValueError, "output_bytes", -1, "a non-negative int"),
+    (ngl_curve, ([1], 1e12, 1e9, None, "stream", 0, 0.5), TypeError, "embedding_row_bytes", 0.5, "a non-negative"),
+    (ngl_curve, ([1], 0, 1e9), ValueError, "device_bandwidth", 0, "a positive finite number (bytes/s)"),
+    (ngl_curve, ([1], 1e12, "25e9"), TypeError, "link_bandwidth", "25e9", "a positive finite number"),
+    (ngl_curve, ([1], 1e12, 1e9, None, "offload"), ValueError, "mode", "offload", "one of ('stream', 'split')"),
+    (share_range, (CURVE, -0.1), ValueError, "low", -0.1, "a finite number in [0, 1]"),
+    (share_range, (CURVE, 0.3, 1.5), ValueError, "high", 1.5, "a finite number in [0, 1]"),
+    (share_range, (CURVE, 0.5, 0.3), ValueError, "high", 0.3, ">= low (0.5)"),
+    (share_range, (CURVE, "0.3"), TypeError, "low", "0.3", "a finite number"),
+    (share_range, ((1, 2),), TypeError, "curve", (1, 2), "a list (from ngl_curve)"),
+    (share_range, ([{"k": 0}],), TypeError, "curve", [{"k": 0}], "dicts with 'k' and 'transfer_share'"),
+]
+
+
+@pytest.mark.parametrize("fn,args,error,name,value,expected", REFUSED,
+                         ids=[f"{r[0].__name__}-{r[3]}-{r[4]!r}" for r in REFUSED])
+def test_bad_input_is_refused_with_the_argument_the_value_and_the_expectation(fn, args, error, name, value, expected):
+    assert_refused(lambda: fn(*args), error, name, value, expected)
+
+
+def test_split_mode_needs_the_host_bandwidth_before_any_row_is_built():
+    with pytest.raises(ValueError, match="host_bandwidth is required when mode='split'"):
+        ngl_curve([1, 2], 1e12, None, mode="split")

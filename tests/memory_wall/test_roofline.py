@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from labkit.memory_wall import roofline as rl
-from labkit.tinylm import KVCache, TinyLMConfig
+
+from ..refusals import assert_refused
 
 pos = st.floats(min_value=1e-3, max_value=1e15, allow_nan=False, allow_infinity=False)
 
@@ -27,51 +28,6 @@ def test_weight_bytes_at_4_bits_equals_two_codes_per_byte_and_counts_group_scale
     assert rl.weight_bytes(n, 4 + 16 / 32) == packed.nbytes + scales.nbytes
 
 
-@pytest.mark.parametrize("n,bits", [(0, 4), (-1, 4), (float("nan"), 4), (float("inf"), 4), (10, 0), (10, 33),
-                                    (10, -4), (10, float("nan"))])
-def test_weight_bytes_refuses_bad_sizes(n, bits):
-    with pytest.raises(ValueError, match="n_params|bits_per_weight"):
-        rl.weight_bytes(n, bits)
-
-
-@pytest.mark.parametrize("n,bits", [("7e9", 4), (True, 4), (10, None)])
-def test_weight_bytes_refuses_non_numbers(n, bits):
-    with pytest.raises(TypeError, match="must be a real number"):
-        rl.weight_bytes(n, bits)
-
-
-def test_kv_bytes_per_token_equals_the_tensors_of_tinylms_cache():
-    cfg = TinyLMConfig(d_model=96, n_layers=3, n_heads=6, n_kv_heads=2, d_ff=64, max_seq_len=40)
-    for dtype in (torch.float32, torch.bfloat16):
-        cache = KVCache(cfg, batch_size=3, max_len=40, dtype=dtype)
-        per_token = rl.kv_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
-                                          torch.tensor([], dtype=dtype).element_size())
-        assert per_token * 3 * 40 == cache.nbytes()
-
-
-def test_kv_bytes_per_token_matches_the_vllm_papers_opt_13b_figure():
-    # Kwon et al., PagedAttention (SOSP 2023), section 3: OPT-13B needs 800 KB per token:
-    # 2 (key and value) x 5120 (hidden size) x 40 (layers) x 2 (bytes per FP16).
-    assert rl.kv_bytes_per_token(40, 40, 128, 2) == 2 * 5120 * 40 * 2 == 800 * 1024
-
-
-def test_kv_bytes_per_token_rounds_fractional_elements_up():
-    assert rl.kv_bytes_per_token(1, 1, 3, 0.5) == 3
-    assert rl.kv_bytes_per_token(1, 1, 1, 0.3) == 1
-
-
-@pytest.mark.parametrize("args", [(0, 8, 128), (32, -8, 128), (32, 8, 128, 0), (32, 8, 128, float("nan"))])
-def test_kv_bytes_per_token_refuses_bad_sizes(args):
-    with pytest.raises(ValueError, match="n_layers|n_kv_heads|head_dim|bytes_per_element"):
-        rl.kv_bytes_per_token(*args)
-
-
-@pytest.mark.parametrize("args", [(32, 8, 12.5), (32, 8, True), (32, 8, 128, "2")])
-def test_kv_bytes_per_token_refuses_non_integers(args):
-    with pytest.raises(TypeError, match="head_dim|bytes_per_element"):
-        rl.kv_bytes_per_token(*args)
-
-
 @given(pos, pos)
 def test_decode_ceiling_times_bytes_is_the_bandwidth(b, bw):
     assert math.isclose(rl.decode_ceiling(b, bw) * b, bw, rel_tol=1e-12)
@@ -80,12 +36,6 @@ def test_decode_ceiling_times_bytes_is_the_bandwidth(b, bw):
 def test_decode_ceiling_of_a_7b_fp16_model_on_an_h100_is_about_250_tokens_per_second():
     # 6.74e9 parameters x 2 bytes = 13.5 GB read per token; 3.35 TB/s / 13.5 GB = 249 tokens/s
     assert round(rl.decode_ceiling(6.738e9 * 2, 3.35e12)) == 249
-
-
-@pytest.mark.parametrize("b,bw", [(0, 1e9), (1e9, 0), (float("nan"), 1e9), (1e9, -1)])
-def test_decode_ceiling_refuses_bad_input(b, bw):
-    with pytest.raises(ValueError, match="bytes_per_token|bandwidth"):
-        rl.decode_ceiling(b, bw)
 
 
 @given(pos, pos, pos)
@@ -104,10 +54,7 @@ def test_attainable_flops_on_arrays_matches_the_scalar_version_and_never_decreas
     y = rl.attainable_flops(x, 67e12, 3.35e12)
     assert np.all(np.diff(y) >= 0)
     assert y == pytest.approx([rl.attainable_flops(float(v), 67e12, 3.35e12) for v in x], rel=1e-12)
-    with pytest.raises(ValueError, match="intensity"):
-        rl.attainable_flops(np.array([1.0, np.nan]), 1e12, 1e9)
-    with pytest.raises(ValueError, match="intensity"):
-        rl.attainable_flops(-1.0, 1e12, 1e9)
+    assert rl.attainable_flops([1, 2], 1e12, 1e9).tolist() == [1e9, 2e9]  # lists and ints too
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 256, 128), (8, 64, 96), (128, 128, 128)])
@@ -148,23 +95,6 @@ def test_offload_time_equals_a_layer_by_layer_walk(layers, k, mode):
     assert got["time_s"] == pytest.approx(got["device_s"] + got["transfer_s"] + got["host_s"], rel=1e-12)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"resident_bytes": 0, "offloaded_bytes": 0}, "resident_bytes \\+ offloaded_bytes"),
-    ({"resident_bytes": -1}, "resident_bytes"),
-    ({"link_bandwidth": 0}, "link_bandwidth"),
-    ({"mode": "split"}, "host_bandwidth is required"),
-    ({"mode": "overlap"}, "mode must be"),
-    ({"flops": 1e12}, "peak_flops is required"),
-    ({"flops": -1.0, "peak_flops": 1e15}, "flops"),
-    ({"link_bandwidth": None}, "link_bandwidth"),
-])
-def test_offload_time_refuses_bad_input(kwargs, match):
-    args = {"resident_bytes": 1e9, "offloaded_bytes": 1e9, "device_bandwidth": 1e12, "link_bandwidth": 3e10,
-            **kwargs}
-    with pytest.raises(ValueError, match=match):
-        rl.offload_time(**args)
-
-
 def test_plot_roofline_draws_one_line_per_device_and_one_marker_per_point():
     import matplotlib
     matplotlib.use("Agg")
@@ -172,7 +102,8 @@ def test_plot_roofline_draws_one_line_per_device_and_one_marker_per_point():
     assert len(ax.lines) == 3
     x, y = ax.lines[0].get_data()
     assert y == pytest.approx(rl.attainable_flops(x, 1e12, 1e10))
-    with pytest.raises(ValueError, match="ceilings"):
+    assert x[0] == pytest.approx(0.05) and x[-1] == pytest.approx(2000.0)
+    with pytest.raises(ValueError, match="ceilings must name at least one"):
         rl.plot_roofline([])
 
 
@@ -189,3 +120,74 @@ def test_offload_time_with_compute_is_the_slower_of_memory_and_arithmetic():
     assert decode["device_s"] == pytest.approx(weights / 3.35e12)     # one token: memory-bound
     split = rl.offload_time(60.0, 40.0, 10.0, None, host_bandwidth=1.0, mode="split", flops=1000.0, peak_flops=10.0)
     assert split["device_s"] == pytest.approx(60.0) and split["host_s"] == pytest.approx(40.0)
+
+
+OFFLOAD = {"resident_bytes": 1e9, "offloaded_bytes": 1e9, "device_bandwidth": 1e12, "link_bandwidth": 3e10}
+
+# (function, arguments, error, argument named, bad value, what the message says was expected)
+REFUSED = [
+    (rl.weight_bytes, (0, 4), ValueError, "n_params", 0, "a positive finite number"),
+    (rl.weight_bytes, (float("inf"), 4), ValueError, "n_params", float("inf"), "a positive finite number"),
+    (rl.weight_bytes, ("7e9", 4), TypeError, "n_params", "7e9", "a positive finite number"),
+    (rl.weight_bytes, (True, 4), TypeError, "n_params", True, "a positive finite number"),
+    (rl.weight_bytes, (10, 33), ValueError, "bits_per_weight", 33, "in (0, 32] (bits)"),
+    (rl.weight_bytes, (10, 0), ValueError, "bits_per_weight", 0, "in (0, 32]"),
+    (rl.weight_bytes, (10, float("nan")), ValueError, "bits_per_weight", float("nan"), "in (0, 32]"),
+    (rl.weight_bytes, (10, None), TypeError, "bits_per_weight", None, "a finite number"),
+    (rl.decode_ceiling, (0, 1e9), ValueError, "bytes_per_token", 0, "a positive finite number (bytes)"),
+    (rl.decode_ceiling, (1e9, -1), ValueError, "bandwidth", -1, "a positive finite number (bytes/s)"),
+    (rl.decode_ceiling, (1e9, "3.35e12"), TypeError, "bandwidth", "3.35e12", "a positive finite number"),
+    (rl.attainable_flops, (-1.0, 1e12, 1e9), ValueError, "intensity", -1.0, "a positive finite number"),
+    (rl.attainable_flops, ("1", 1e12, 1e9), TypeError, "intensity", "1", "a positive finite number"),
+    (rl.attainable_flops, ([1.0, float("nan")], 1e12, 1e9), ValueError, "intensity", [1.0, float("nan")],
+     "a non-empty array of finite numbers > 0"),
+    (rl.attainable_flops, ([], 1e12, 1e9), ValueError, "intensity", [], "a non-empty array"),
+    (rl.attainable_flops, (["a"], 1e12, 1e9), TypeError, "intensity", ["a"], "an array of numbers"),
+    (rl.attainable_flops, (1.0, 0, 1e9), ValueError, "peak_flops", 0, "a positive finite number (FLOP/s)"),
+    (rl.attainable_flops, (1.0, 1e12, None), TypeError, "bandwidth", None, "a positive finite number"),
+    (rl.ridge_point, (-1e12, 1e9), ValueError, "peak_flops", -1e12, "a positive finite number (FLOP/s)"),
+    (rl.ridge_point, (1e12, 0), ValueError, "bandwidth", 0, "a positive finite number (bytes/s)"),
+    (rl.matmul_intensity, (0, 8, 8), ValueError, "m", 0, "a positive int"),
+    (rl.matmul_intensity, (1, 8.0, 8), TypeError, "n", 8.0, "a positive int"),
+    (rl.matmul_intensity, (1, 8, True), TypeError, "k", True, "a positive int"),
+    (rl.matmul_intensity, (1, 8, 8, 0), ValueError, "bytes_per_element", 0, "a positive finite number (bytes)"),
+    (rl.plot_roofline, ("h100",), TypeError, "ceilings", "h100", "a list of (label, number, number) triples"),
+    (rl.plot_roofline, ([("a", 1e12)],), TypeError, "ceilings", [("a", 1e12)], "triples"),
+    (rl.plot_roofline, ([("a", 0, 1e9)],), ValueError, "peak_flops", 0, "a positive finite number"),
+    (rl.plot_roofline, ([("a", 1e12, 1e9)], [("p", 1.0, -5)]), ValueError, "flops_per_s", -5, "a positive"),
+    (rl.plot_roofline, ([("a", 1e12, 1e9)], [("p", 0, 5)]), ValueError, "intensity", 0, "a positive"),
+    (rl.plot_roofline, ([("a", 1e12, 1e9)], (), None, (10, 1)), ValueError, "intensity_range", (10, 1),
+     "low < high"),
+    (rl.plot_roofline, ([("a", 1e12, 1e9)], (), None, 5), TypeError, "intensity_range", 5, "a (low, high) pair"),
+]
+
+
+@pytest.mark.parametrize("fn,args,error,name,value,expected", REFUSED,
+                         ids=[f"{r[0].__name__}-{r[3]}-{r[4]!r}" for r in REFUSED])
+def test_bad_input_is_refused_with_the_argument_the_value_and_the_expectation(fn, args, error, name, value, expected):
+    assert_refused(lambda: fn(*args), error, name, value, expected)
+
+
+@pytest.mark.parametrize("change,error,name,value,expected", [
+    ({"resident_bytes": -1}, ValueError, "resident_bytes", -1, "a non-negative finite number (bytes)"),
+    ({"offloaded_bytes": "1e9"}, TypeError, "offloaded_bytes", "1e9", "a non-negative finite number"),
+    ({"device_bandwidth": 0}, ValueError, "device_bandwidth", 0, "a positive finite number (bytes/s)"),
+    ({"link_bandwidth": 0}, ValueError, "link_bandwidth", 0, "a positive finite number (bytes/s)"),
+    ({"mode": "overlap"}, ValueError, "mode", "overlap", "one of ('stream', 'split')"),
+    ({"flops": -1.0, "peak_flops": 1e15}, ValueError, "flops", -1.0, "a non-negative finite number (FLOP)"),
+    ({"flops": 1.0, "peak_flops": 0}, ValueError, "peak_flops", 0, "a positive finite number (FLOP/s)"),
+    ({"mode": "split", "host_bandwidth": float("inf")}, ValueError, "host_bandwidth", float("inf"), "finite"),
+])
+def test_offload_time_refuses_bad_settings(change, error, name, value, expected):
+    assert_refused(lambda: rl.offload_time(**{**OFFLOAD, **change}), error, name, value, expected)
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"resident_bytes": 0, "offloaded_bytes": 0}, "resident_bytes \\+ offloaded_bytes must be > 0"),
+    ({"mode": "split"}, "host_bandwidth is required when mode='split'"),
+    ({"link_bandwidth": None}, "link_bandwidth is required when mode='stream'"),
+    ({"flops": 1e12}, "peak_flops is required when flops > 0"),
+])
+def test_offload_time_refuses_inconsistent_settings(change, match):
+    with pytest.raises(ValueError, match=match):
+        rl.offload_time(**{**OFFLOAD, **change})

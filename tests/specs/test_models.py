@@ -1,5 +1,6 @@
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -7,6 +8,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from labkit import specs
+from labkit.tinylm import KVCache, TinyLMConfig
+
+from ..refusals import assert_refused
 
 PUBLISHED = ["gpt3-175b", "opt-13b", "llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mixtral-8x7b",
              "dense-320b", "moe-3t", "tinylm"]
@@ -87,47 +91,92 @@ def test_tinylm_preset_matches_the_committed_model(pretrained):
     assert (t.n_layers, t.n_kv_heads, t.head_dim) == (model.cfg.n_layers, model.cfg.n_kv_heads, model.cfg.head_dim)
 
 
+@pytest.mark.parametrize("name", ["GPT3-175B", "llama2-7b", ""])
+def test_unknown_model_names_are_refused_with_the_list_of_presets(name):
+    with pytest.raises(ValueError, match="gpt3-175b.*llama-2-7b|llama-2-7b.*gpt3-175b") as e:
+        specs.model(name)
+    assert str(e.value).startswith("name must be one of") and repr(name) in str(e.value)
+
+
+@pytest.mark.parametrize("name", [None, 7, ["llama-2-7b"]])
+def test_model_names_that_are_not_strings_are_a_type_error(name):
+    assert_refused(lambda: specs.model(name), TypeError, "name", name, "one of ('dense-320b'")
+
+
+def test_model_names_are_the_presets_and_tinylm_last():
+    assert specs.model_names() == [*specs.MODELS, "tinylm"]
+    assert all(specs.model(n).name == n for n in specs.model_names())
+
+
+def test_kv_bytes_per_token_equals_the_tensors_of_tinylms_cache():
+    cfg = TinyLMConfig(d_model=96, n_layers=3, n_heads=6, n_kv_heads=2, d_ff=64, max_seq_len=40)
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = KVCache(cfg, batch_size=3, max_len=40, dtype=dtype)
+        per_token = specs.kv_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+                                             torch.tensor([], dtype=dtype).element_size())
+        assert per_token * 3 * 40 == cache.nbytes()
+
+
+def test_kv_bytes_per_token_matches_the_vllm_papers_opt_13b_figure():
+    # Kwon et al., PagedAttention (SOSP 2023), section 3: OPT-13B needs 800 KB per token:
+    # 2 (key and value) x 5120 (hidden size) x 40 (layers) x 2 (bytes per FP16).
+    assert specs.kv_bytes_per_token(40, 40, 128, 2) == 2 * 5120 * 40 * 2 == 800 * 1024
+
+
+def test_kv_bytes_per_token_rounds_fractional_elements_up():
+    assert specs.kv_bytes_per_token(1, 1, 3, 0.5) == 3
+    assert specs.kv_bytes_per_token(1, 1, 1, 0.3) == 1
+
+
 def test_kv_bytes_of_llama_2_7b_are_half_a_mebibyte_per_token():
     assert specs.model("llama-2-7b").kv_bytes_per_token(2) == 2**19  # 2 x 32 layers x 4096 x 2 bytes
 
 
-@pytest.mark.parametrize("name", ["GPT3-175B", "llama2-7b", "", None, 7])
-def test_unknown_model_names_are_refused_with_the_list_of_presets(name):
-    with pytest.raises(ValueError, match="gpt3-175b.*llama-2-7b|llama-2-7b.*gpt3-175b") as e:
-        specs.model(name)
-    assert repr(name) in str(e.value)
+@pytest.mark.parametrize("args,error,name,value,expected", [
+    ((0, 8, 128), ValueError, "n_layers", 0, "a positive int"),
+    ((32, -8, 128), ValueError, "n_kv_heads", -8, "a positive int"),
+    ((32, 8, 12.5), TypeError, "head_dim", 12.5, "a positive int"),
+    ((32, 8, True), TypeError, "head_dim", True, "a positive int"),
+    ((32, 8, 128, 0), ValueError, "bytes_per_element", 0, "a positive finite number"),
+    ((32, 8, 128, float("nan")), ValueError, "bytes_per_element", float("nan"), "a positive finite number"),
+    ((32, 8, 128, "2"), TypeError, "bytes_per_element", "2", "a positive finite number"),
+])
+def test_kv_bytes_per_token_refuses_bad_sizes(args, error, name, value, expected):
+    assert_refused(lambda: specs.kv_bytes_per_token(*args), error, name, value, expected)
 
 
-def test_every_device_names_its_source_and_the_required_ones_exist():
-    for name in ["h100-sxm", "h200", "a100-80gb", "mi300x", "rtx-4090", "m2-ultra", "pcie4-x16", "pcie5-x16",
-                 "nvlink4"]:
-        d = specs.device(name)
-        assert d.source and d.bandwidth > 0
-        assert (d.kind == "link") == (d.memory_bytes == 0)
-        assert d.kind in ("link", "host") or d.peak_flops["fp32"] > 0
-    assert set(specs.device_names("link")) >= {"pcie4-x16", "pcie5-x16", "nvlink4"}
+@pytest.mark.parametrize("change,error,name,expected", [
+    ({"n_layers": 0}, ValueError, "n_layers", "a positive int"),
+    ({"d_ff": -5}, ValueError, "d_ff", "a positive int"),
+    ({"vocab_size": 2.5}, TypeError, "vocab_size", "a positive int"),
+    ({"context": "4096"}, TypeError, "context", "a positive int"),
+    ({"n_experts": True}, TypeError, "n_experts", "a positive int"),
+    ({"positions": -1}, ValueError, "positions", "a non-negative int"),
+    ({"experts_per_token": 2}, ValueError, "experts_per_token", "<= n_experts (1)"),
+    ({"mlp": "relu"}, ValueError, "mlp", "one of ('gelu', 'swiglu')"),
+    ({"norm": "batchnorm"}, ValueError, "norm", "one of ('layernorm', 'rmsnorm')"),
+    ({"bias": 0}, TypeError, "bias", "True or False"),
+    ({"tied_embeddings": "no"}, TypeError, "tied_embeddings", "True or False"),
+    ({"published_params": -1.0}, ValueError, "published_params", "a positive finite number (parameters)"),
+    ({"published_active": 7e9}, ValueError, "published_active", "<= published_params"),
+    ({"name": ""}, ValueError, "name", "a non-empty str"),
+    ({"name": None}, TypeError, "name", "str"),
+    ({"source": 3}, TypeError, "source", "str"),
+])
+def test_bad_architectures_are_refused(change, error, name, expected):
+    [(_, value)] = change.items()
+    assert_refused(lambda: dataclasses.replace(specs.model("llama-2-7b"), **change), error, name, value, expected)
 
 
-def test_spec_sheet_figures():
-    # H100 SXM datasheet: 80 GB HBM3 at 3.35 TB/s; BF16 1,979 TFLOPS with sparsity, so 989 dense.
-    h100 = specs.device("h100-sxm")
-    assert (h100.memory_bytes, h100.bandwidth, round(h100.peak_flops["bf16"] / 1e12)) == (80e9, 3.35e12, 989)
-    # PCIe x16 per direction: lanes x GT/s x 128/130 / 8 bits.
-    assert specs.device("pcie4-x16").bandwidth == pytest.approx(16 * 16e9 * 128 / 130 / 8, rel=2e-3)
-    assert specs.device("pcie5-x16").bandwidth == pytest.approx(16 * 32e9 * 128 / 130 / 8, rel=2e-3)
+def test_inconsistent_heads_are_refused_and_unknown_settings_too():
+    with pytest.raises(ValueError, match="n_kv_heads must divide n_heads, got d_model=4096, n_heads=32, n_kv_heads=3"):
+        dataclasses.replace(specs.model("llama-2-7b"), n_kv_heads=3)
+    with pytest.raises(ValueError, match="n_heads must divide d_model"):
+        dataclasses.replace(specs.model("llama-2-7b"), n_heads=3, n_kv_heads=3)
+    with pytest.raises(TypeError, match="n_expert"):
+        specs.ModelSpec("x", 1, 8, 2, 2, 8, 8, 8, n_expert=2)  # a typo is not silently ignored
 
 
-def test_unknown_device_names_are_refused_with_the_list():
-    with pytest.raises(ValueError, match="h100-sxm") as e:
-        specs.device("h100")
-    assert "'h100'" in str(e.value)
-
-
-@pytest.mark.parametrize("change,match", [({"n_layers": 0}, "n_layers"), ({"d_ff": -5}, "d_ff"),
-                                          ({"n_kv_heads": 3}, "n_kv_heads must divide"),
-                                          ({"experts_per_token": 2}, "experts_per_token"),
-                                          ({"mlp": "relu"}, "mlp must be"), ({"positions": -1}, "positions"),
-                                          ({"vocab_size": 2.5}, "vocab_size")])
-def test_bad_architectures_are_refused(change, match):
-    with pytest.raises(ValueError, match=match):
-        dataclasses.replace(specs.model("llama-2-7b"), **change)
+def test_numpy_sizes_are_stored_as_python_ints():
+    m = specs.ModelSpec("x", np.int64(2), 8, 2, 2, 8, 8, 8)
+    assert type(m.n_layers) is int and m == specs.ModelSpec("x", 2, 8, 2, 2, 8, 8, 8)

@@ -109,3 +109,17 @@ def test_kv_cache_refuses_bad_updates_and_stays_consistent():
         lm.KVCache(cfg, batch_size=1.0)
     with pytest.raises(TypeError, match="cfg must be a TinyLMConfig"):
         lm.KVCache({"n_layers": 2})
+
+
+def test_rewind_forgets_positions_and_refuses_to_go_forward():
+    m = small_model()
+    cache = lm.KVCache(m.cfg)
+    x = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        first = m(x, cache)
+        cache.rewind(5)
+        again = m(x[:, 5:], cache)
+    torch.testing.assert_close(again, first[:, 5:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="length must be an int in \\[0, 12\\], got 13"):
+        cache.rewind(13)
+    assert cache.length == 12

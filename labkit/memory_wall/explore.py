@@ -1,0 +1,113 @@
+"""Notebook 01's plots: the cells compute the numbers (and print and check them); these functions draw them.
+
+    plot_footprint(labels, parts, capacity, capacity_label, title)   stacked bars of GB per setting
+    plot_ceilings(curves, title)                                     tokens/s against batch, log-log
+    plot_link_share(offloaded, shares, title)                        % of a step's time spent on the link
+
+Each returns the matplotlib Axes; the cell ends with plt.show(). The roofline itself is
+roofline.plot_roofline (notebooks 01 and 03 draw it), the calculator's sliders calculator.calculator.
+Units: GB = 1e9 bytes, tokens/s, layers, fractions of a step's time.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .._checks import check_fraction, check_positive, check_positive_int, check_type, fail
+
+
+def _series(name: str, values) -> np.ndarray:
+    """A non-empty 1-D array of finite numbers >= 0 (TypeError for non-numbers, ValueError otherwise)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        fail(name, values, "a list or array of numbers", TypeError)
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iuf":
+        fail(name, values, "a list or array of numbers", TypeError)
+    if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        fail(name, values, "a non-empty 1-D list of finite numbers >= 0")
+    return arr.astype(np.float64)
+
+
+def _named_series(name: str, series) -> dict[str, np.ndarray]:
+    check_type(name, series, Mapping, "a dict of label -> numbers")
+    if not series:
+        fail(name, series, "a non-empty dict of label -> numbers")
+    return {str(k): _series(f"{name}[{k!r}]", v) for k, v in series.items()}
+
+
+def _axes(ax, figsize: tuple[float, float]):
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)[1] if ax is None else ax
+
+
+def plot_footprint(labels: Sequence[str], parts: Mapping[str, Sequence[float]], capacity: float,
+                   capacity_label: str, title: str, ax=None):
+    """Section 1: one stacked bar per setting (`labels`), one layer per part ("weights", "kv_cache", ...: GB
+    per setting, in the order given), and a dashed line at the `capacity` (GB) of one device."""
+    check_type("labels", labels, (list, tuple), "a list of str")
+    check_type("capacity_label", capacity_label, str)
+    check_type("title", title, str)
+    heights = _named_series("parts", parts)
+    if any(len(h) != len(labels) for h in heights.values()):
+        fail("parts", parts, f"one value per label ({len(labels)}) in every part")
+    capacity = check_positive("capacity", capacity, unit="GB")
+    ax = _axes(ax, (8, 3.5))
+    bottom = np.zeros(len(labels))
+    for name, h in heights.items():
+        ax.bar([str(x) for x in labels], h, bottom=bottom, label=name)
+        bottom += h
+    ax.axhline(capacity, color="k", ls="--", lw=1, label=capacity_label)
+    ax.set_ylabel("GB"), ax.set_xlabel("batch x context"), ax.set_title(title), ax.legend()
+    return ax
+
+
+def plot_ceilings(curves: Mapping[str, tuple[Sequence[int], Sequence[float]]], title: str, context: int,
+                  ax=None):
+    """Section 4: for each label, (batches, tokens/s of the whole batch), drawn log-log; every sequence
+    holds `context` tokens."""
+    context = check_positive_int("context", context, unit="tokens")
+    check_type("title", title, str)
+    check_type("curves", curves, Mapping, "a dict of label -> (batches, tokens/s)")
+    if not curves:
+        fail("curves", curves, "a non-empty dict of label -> (batches, tokens/s)")
+    data = {}
+    for label, pair in curves.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            fail(f"curves[{label!r}]", pair, "a (batches, tokens/s) pair", TypeError)
+        x, y = _series(f"curves[{label!r}] batches", pair[0]), _series(f"curves[{label!r}] tokens/s", pair[1])
+        if len(x) != len(y) or np.any(x <= 0) or np.any(y <= 0):
+            fail(f"curves[{label!r}]", pair, "batches and tokens/s of equal length, all > 0")
+        data[label] = (x, y)
+    ax = _axes(ax, (8, 4))
+    for label, (x, y) in data.items():
+        ax.loglog(x, y, "o-", label=label)
+    ax.set_xlabel(f"batch (sequences of {context:,} tokens)"), ax.set_ylabel("tokens/s ceiling (all sequences)")
+    ax.set_title(title), ax.legend(), ax.grid(True, which="both", alpha=0.3)
+    return ax
+
+
+def plot_link_share(offloaded: Sequence[int], shares: Mapping[str, Sequence[float]], title: str, n_layers: int,
+                    band: tuple[float, float] = (0.3, 0.5), ax=None):
+    """Section 5: the share of a step's time spent on the link (fractions, drawn in %) against the number
+    of layers offloaded (of the model's `n_layers`), one line per workload, with the claim's `band` shaded."""
+    n_layers = check_positive_int("n_layers", n_layers, unit="layers")
+    check_type("title", title, str)
+    x = _series("offloaded", offloaded)
+    lines = _named_series("shares", shares)
+    if any(len(s) != len(x) or np.any(s > 1) for s in lines.values()):
+        fail("shares", shares, f"fractions in [0, 1], one per offloaded count ({len(x)}) in every line")
+    if not isinstance(band, (tuple, list)) or len(band) != 2:
+        fail("band", band, "a (low, high) pair of fractions", TypeError)
+    low, high = (check_fraction("band", v, allow_zero=True) for v in band)
+    if low > high:
+        fail("band", band, "(low, high) with low <= high")
+    ax = _axes(ax, (8, 3.5))
+    for label, s in lines.items():
+        ax.plot(x, s * 100, "o-", ms=3, label=label)
+    ax.axhspan(low * 100, high * 100, color="orange", alpha=0.2, label=f"the claim: {low * 100:.0f}-{high * 100:.0f}%")
+    ax.set_xlabel(f"layers offloaded (of {n_layers})"), ax.set_ylabel("% of step time on the link")
+    ax.set_title(title), ax.legend()
+    return ax

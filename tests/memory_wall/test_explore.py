@@ -1,0 +1,94 @@
+"""Notebook 01's plots draw exactly the numbers they are given."""
+import matplotlib
+import numpy as np
+import pytest
+
+from labkit.memory_wall import explore
+
+from ..refusals import assert_refused
+
+matplotlib.use("Agg")
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    import matplotlib.pyplot as plt
+
+    yield
+    plt.close("all")
+
+PARTS = {"weights": [138.0, 138.0], "kv_cache": [1.3, 10.7], "activations": [0.5, 4.2]}
+
+
+def test_footprint_bars_stack_the_parts_in_order_under_the_capacity_line():
+    ax = explore.plot_footprint(["1 x 4096", "8 x 4096"], PARTS, 80, "one H100 (80 GB)", "Llama-2-70B in BF16")
+    bars = ax.patches
+    assert [b.get_height() for b in bars] == pytest.approx([138.0, 138.0, 1.3, 10.7, 0.5, 4.2])
+    assert [b.get_y() for b in bars] == pytest.approx([0, 0, 138.0, 138.0, 139.3, 148.7])
+    [line] = ax.lines
+    assert line.get_ydata()[0] == 80
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["one H100 (80 GB)", *PARTS]
+
+
+def test_ceilings_are_drawn_log_log_one_line_per_curve():
+    curves = {"a": ([1, 2, 4], [10.0, 19.0, 35.0]), "b": ([1, 2], [5.0, 9.0])}
+    ax = explore.plot_ceilings(curves, "one H200", context=4096)
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    for line, (x, y) in zip(ax.lines, curves.values()):
+        assert line.get_xdata().tolist() == x and line.get_ydata().tolist() == y
+    assert ax.get_xlabel() == "batch (sequences of 4,096 tokens)"
+
+
+def test_link_share_is_drawn_in_percent_with_the_claims_band():
+    offloaded = np.arange(0, 5)
+    shares = {"decode": np.array([0.0, 0.5, 0.7, 0.8, 0.9])}
+    ax = explore.plot_link_share(offloaded, shares, "t", n_layers=80)
+    assert ax.lines[0].get_ydata() == pytest.approx([0, 50, 70, 80, 90])
+    band = ax.patches[0].get_path().get_extents().transformed(ax.patches[0].get_transform()).get_points()
+    low, high = ax.transData.inverted().transform(band)[:, 1]
+    assert (low, high) == pytest.approx((30, 50))
+    assert ax.get_xlabel() == "layers offloaded (of 80)"
+    assert "the claim: 30-50%" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+REFUSED = [
+    (lambda: explore.plot_footprint(["a"], {"w": [1.0, 2.0]}, 80, "x", "t"), ValueError, "parts",
+     {"w": [1.0, 2.0]}, "one value per label (1)"),
+    (lambda: explore.plot_footprint(["a"], {"w": [-1.0]}, 80, "x", "t"), ValueError, "parts['w']", [-1.0],
+     "finite numbers >= 0"),
+    (lambda: explore.plot_footprint(["a"], {"w": ["1"]}, 80, "x", "t"), TypeError, "parts['w']", ["1"],
+     "a list or array of numbers"),
+    (lambda: explore.plot_footprint(["a"], {}, 80, "x", "t"), ValueError, "parts", {}, "a non-empty dict"),
+    (lambda: explore.plot_footprint("ab", {"w": [1.0]}, 80, "x", "t"), TypeError, "labels", "ab", "a list of str"),
+    (lambda: explore.plot_footprint(["a"], {"w": [1.0]}, 0, "x", "t"), ValueError, "capacity", 0, "a positive"),
+    (lambda: explore.plot_footprint(["a"], {"w": [1.0]}, 80, None, "t"), TypeError, "capacity_label", None, "str"),
+    (lambda: explore.plot_ceilings({}, "t", 4096), ValueError, "curves", {}, "a non-empty dict"),
+    (lambda: explore.plot_ceilings({"a": [1, 2]}, "t", 4096), TypeError, "curves['a'] batches", 1,
+     "a list or array of numbers"),
+    (lambda: explore.plot_ceilings({"a": ([1, 2], [1.0])}, "t", 4096), ValueError, "curves['a']",
+     ([1, 2], [1.0]), "of equal length, all > 0"),
+    (lambda: explore.plot_ceilings({"a": 5}, "t", 4096), TypeError, "curves['a']", 5, "a (batches, tokens/s) pair"),
+    (lambda: explore.plot_ceilings({"a": ([1], [1.0])}, "t", 0), ValueError, "context", 0, "a positive int"),
+    (lambda: explore.plot_ceilings({"a": ([1], [1.0])}, 7, 4096), TypeError, "title", 7, "str"),
+    (lambda: explore.plot_link_share([0, 1], {"d": [0.1, 1.2]}, "t", 80), ValueError, "shares",
+     {"d": [0.1, 1.2]}, "fractions in [0, 1]"),
+    (lambda: explore.plot_link_share([0, 1], {"d": [0.1, 0.2]}, "t", 80, band=(0.5, 0.3)), ValueError, "band",
+     (0.5, 0.3), "low <= high"),
+    (lambda: explore.plot_link_share([0, 1], {"d": [0.1, 0.2]}, "t", 80, band=(0.3, 2)), ValueError, "band", 2,
+     "in [0, 1]"),
+    (lambda: explore.plot_link_share([0, 1], {"d": [0.1, 0.2]}, "t", 80, band=0.3), TypeError, "band", 0.3,
+     "a (low, high) pair"),
+    (lambda: explore.plot_link_share([0, 1], {"d": [0.1, 0.2]}, "t", 80.0), TypeError, "n_layers", 80.0,
+     "a positive int"),
+    (lambda: explore.plot_link_share("01", {"d": [0.1, 0.2]}, "t", 80), TypeError, "offloaded", "01",
+     "a list or array of numbers"),
+]
+
+
+@pytest.mark.parametrize("call,error,name,value,expected", REFUSED, ids=[f"{r[2]}-{r[3]!r}" for r in REFUSED])
+def test_bad_input_is_refused_before_anything_is_drawn(call, error, name, value, expected):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    assert_refused(call, error, name, value, expected)
+    assert plt.get_fignums() == before
