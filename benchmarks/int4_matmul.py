@@ -11,12 +11,10 @@ case's share of that roof. Eight distinct matrices are cycled so that the weight
 not from the last-level cache. Copy the output into benchmarks/RESULTS.md.
 """
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
+from labkit.course.timing import interleave, measure
 from labkit.memory_wall.hardware import measure_bandwidth
 from labkit.quant import QuantLinear, quantize
 
@@ -25,29 +23,17 @@ LAYERS = 8  # 8 x 64 MiB of FP32 weights: far beyond any L3 cache
 
 
 def per_call(cases: dict, repeats: int = 30) -> dict:
-    """Median seconds per call for each case (fn, layers, x), cycling through its layers. The cases are
-    interleaved round by round, so that a change in the machine's load hits all of them alike."""
-    for fn, layers, x in cases.values():
-        for w in layers:
-            fn(x, w)  # warm-up
-    samples = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, (fn, layers, x) in cases.items():
-            t0 = time.perf_counter()
-            for w in layers:
-                fn(x, w)
-            samples[name].append((time.perf_counter() - t0) / len(layers))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    """Median seconds per call for each case (fn, layers, x), cycling through its layers; the cases take
+    turns (labkit.course.timing.interleave), so a change in the machine's load hits all of them alike."""
+    fns = {name: (lambda fn=fn, layers=layers, x=x: [fn(x, w) for w in layers])
+           for name, (fn, layers, x) in cases.items()}
+    return {name: t.median / len(cases[name][1]) for name, t in interleave(fns, repeats=repeats).items()}
 
 
 def main() -> None:
     torch.manual_seed(0)
     weights = [torch.randn(N, K) * 0.02 for _ in range(LAYERS)]
-    t_quant = []
-    for w in weights[:3]:
-        t0 = time.perf_counter()
-        quantize(w, 4, "asym", 32)
-        t_quant.append(time.perf_counter() - t0)
+    t_quant = measure(lambda: quantize(weights[0], 4, "asym", 32), repeats=3, warmup=0)
     layers = []
     for w in weights:
         lin = torch.nn.Linear(K, N, bias=False)
@@ -68,7 +54,7 @@ def main() -> None:
     int4_bytes = layers[0].int4pack.numel() + layers[0].scales_and_zeros.numel() * 2  # codes + bf16 scales/zeros
     bw = measure_bandwidth(progress=False)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {LAYERS} distinct {N}x{K} layers, batch 1")
-    print(f"quantize {N}x{K} asym g32:       {min(t_quant):.3f} s (best of 3)")
+    print(f"quantize {N}x{K} asym g32:       {t_quant.best:.3f} s (best of 3)")
     rows = [("F.linear FP32", t_fp32, 4 * N * K), ("F.linear BF16", t_bf16, 2 * N * K),
             ("QuantLinear INT4 (int4pack)", t_int4, int4_bytes), ("QuantLinear INT4 (reference)", t_ref, None)]
     for name, t, nbytes in rows:

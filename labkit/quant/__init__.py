@@ -1,9 +1,23 @@
-"""Lab 03, INT4 quantization: quantized tensors (symmetric and asymmetric, groups), nibble packing,
-llama.cpp's block formats and NF4, quantized layers and whole-model policies, GPTQ, and the explorer."""
+"""Lab 03, INT4 quantization (notebook 03): quantized tensors (symmetric and asymmetric, groups), nibble
+packing, llama.cpp's block formats, NF4, quantized layers, whole-model precision policies and the settings
+swept, the quality they keep (paired retention intervals), GPTQ, the explorer and the exercises.
 
-from . import explore, formats, gptq, linear, qtensor
-from .linear import QuantEmbedding, QuantLinear, quantize_model
-from .qtensor import QTensor, pack_int4, quant_error, quantize, quantized_bytes, unpack_int4
+    qtensor    QTensor, quantize, quant_error, quantized_bytes     packing   pack_int4, unpack_int4
+    formats    Q4_0 / Q4_1 / Q8_0, byte for byte                    nf4       NF4 levels and blocks
+    linear     QuantLinear (reference and int4pack paths), QuantEmbedding
+    policy     quantize_model, Setting, SETTINGS                    quality   retention, evaluate, sweep
+    gptq       collect_inputs, gptq_quantize, gptq                  explore   plots, widget, pooled SQNR
+    exercises  the notebook's exercises
+"""
 
-__all__ = ["explore", "formats", "gptq", "linear", "qtensor", "QuantEmbedding", "QuantLinear", "quantize_model",
-           "QTensor", "pack_int4", "quant_error", "quantize", "quantized_bytes", "unpack_int4"]
+from . import exercises, explore, formats, gptq, linear, nf4, packing, policy, qtensor, quality
+from .linear import QuantEmbedding, QuantLinear
+from .packing import pack_int4, unpack_int4
+from .policy import PRECISIONS, SETTINGS, Setting, quantize_model
+from .qtensor import BITS, SCHEMES, QTensor, quant_error, quantize, quantized_bytes
+from .quality import Retention, retention
+
+__all__ = ["exercises", "explore", "formats", "gptq", "linear", "nf4", "packing", "policy", "qtensor", "quality",
+           "QuantEmbedding", "QuantLinear", "pack_int4", "unpack_int4", "PRECISIONS", "SETTINGS", "Setting",
+           "quantize_model", "BITS", "SCHEMES", "QTensor", "quant_error", "quantize", "quantized_bytes", "Retention",
+           "retention"]

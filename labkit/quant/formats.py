@@ -1,4 +1,4 @@
-"""llama.cpp's Q4_0, Q4_1 and Q8_0 blocks, byte for byte, and bitsandbytes' NF4 (notebook 03).
+"""llama.cpp's Q4_0, Q4_1 and Q8_0 blocks, byte for byte (notebook 03, section 5; NF4 is in nf4.py).
 
 Each format cuts a row into blocks of 32 values. Layouts (ggml-common.h), little-endian fp16:
 
@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_type, fail
+from .qtensor import check_word
+
 BLOCK = 32
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 F32 = np.float32
@@ -33,15 +36,16 @@ F32 = np.float32
 
 def bits_per_weight(fmt: str) -> float:
     """Storage bits per weight of a llama.cpp block format, scales included."""
-    if fmt not in BLOCK_BYTES:
-        raise ValueError(f"fmt must be one of {sorted(BLOCK_BYTES)}, got {fmt!r}")
+    check_word("fmt", fmt, tuple(BLOCK_BYTES))
     return 8 * BLOCK_BYTES[fmt] / BLOCK
 
 
-def _blocks_of(x, block: int = BLOCK) -> tuple[np.ndarray, tuple[int, ...]]:
-    """x (float32, finite, last dimension a multiple of `block`) as rows of `block` values, and its shape."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        raise TypeError(f"x must be a float32 numpy array, got {getattr(x, 'dtype', type(x).__name__)}")
+def float32_blocks(x, block: int = BLOCK) -> tuple[np.ndarray, tuple[int, ...]]:
+    """x (float32, finite, last dimension a multiple of `block`) as rows of `block` values, and its shape.
+    The input check of every block format here and in nf4.py."""
+    check_type("x", x, np.ndarray, "a float32 numpy array")
+    if x.dtype != np.float32:
+        fail("x", x.dtype, "a float32 numpy array", TypeError)
     if x.ndim < 1 or x.shape[-1] == 0 or x.shape[-1] % block:
         raise ValueError(f"x's last dimension must be a positive multiple of {block}, got shape {x.shape}")
     if not np.isfinite(x).all():
@@ -75,7 +79,7 @@ def _inverse(d: np.ndarray) -> np.ndarray:
 
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     """float32 [..., n] (n % 32 == 0) -> uint8 [..., n / 32 * 18] Q4_0 blocks."""
-    xb, shape = _blocks_of(x)
+    xb, shape = float32_blocks(x)
     amax = np.abs(xb).max(axis=1)
     first = np.abs(xb).argmax(axis=1)  # argmax returns the first of equal values, like the C loop
     vmax = np.where(amax > 0, xb[np.arange(len(xb)), first], F32(0))  # all zeros: max stays +0.0
@@ -86,7 +90,7 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 
 def quantize_q4_1(x: np.ndarray) -> np.ndarray:
     """float32 [..., n] (n % 32 == 0) -> uint8 [..., n / 32 * 20] Q4_1 blocks."""
-    xb, shape = _blocks_of(x)
+    xb, shape = float32_blocks(x)
     rows = np.arange(len(xb))  # the first of equal values, like the C loop (it matters for -0.0 vs +0.0)
     lo, hi = xb[rows, xb.argmin(axis=1)], xb[rows, xb.argmax(axis=1)]
     d = ((hi - lo) / F32(15)).astype(F32)
@@ -96,7 +100,7 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     """float32 [..., n] (n % 32 == 0) -> uint8 [..., n / 32 * 34] Q8_0 blocks."""
-    xb, shape = _blocks_of(x)
+    xb, shape = float32_blocks(x)
     d = (np.abs(xb).max(axis=1) / F32(127)).astype(F32)
     v = (xb * _inverse(d)[:, None]).astype(np.float64)  # float64: |v| + 0.5 is exact, as roundf needs
     q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
@@ -104,8 +108,9 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 
 
 def _split(blocks, fmt: str) -> tuple[np.ndarray, tuple[int, ...]]:
-    if not isinstance(blocks, np.ndarray) or blocks.dtype != np.uint8:
-        raise TypeError(f"blocks must be a uint8 numpy array, got {getattr(blocks, 'dtype', type(blocks).__name__)}")
+    check_type("blocks", blocks, np.ndarray, "a uint8 numpy array")
+    if blocks.dtype != np.uint8:
+        fail("blocks", blocks.dtype, "a uint8 numpy array", TypeError)
     size = BLOCK_BYTES[fmt]
     if blocks.ndim < 1 or blocks.shape[-1] == 0 or blocks.shape[-1] % size:
         raise ValueError(f"blocks' last dimension must be a positive multiple of {size} ({fmt} block bytes), "
@@ -137,49 +142,3 @@ def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
     """uint8 [..., k * 34] Q8_0 blocks -> float32 [..., k * 32]."""
     b, shape = _split(blocks, "q8_0")
     return (b[:, 2:].view(np.int8).astype(F32) * _half(b[:, :2])[:, None]).reshape(shape)
-
-
-# NF4 (QLoRA, Dettmers et al., 2023, arXiv:2305.14314; bitsandbytes): 16 levels at quantiles of N(0, 1),
-# scaled by each block's absmax. 8 positive levels from quantiles between 0.5 and NF4_OFFSET, 7 negative
-# ones, and an exact 0; then divided by the largest, so the levels run from -1 to 1:
-#
-#   -1 ........ -0.09  0  0.08 ............. 1        (denser near 0, where normal weights are)
-#
-# Storage: 4 bits per weight plus one float32 absmax per block of 64 = 4.5 bits per weight; "double
-# quantization" stores the absmaxes in 8 bits (one float32 per 256 of them): 4 + 8/64 + 32/(64*256) = 4.127.
-NF4_OFFSET = 0.9677083  # bitsandbytes' create_normal_map: about (1 - 1/(2*15) + 1 - 1/(2*16)) / 2
-
-
-def nf4_levels() -> np.ndarray:
-    """The 16 NF4 levels (float32, ascending, from -1 to 1, level 7 is exactly 0)."""
-    import torch  # the normal quantile function, in float64
-
-    icdf = torch.distributions.Normal(0.0, 1.0).icdf
-    pos = icdf(torch.linspace(NF4_OFFSET, 0.5, 9, dtype=torch.float64)[:-1])
-    neg = -icdf(torch.linspace(NF4_OFFSET, 0.5, 8, dtype=torch.float64)[:-1])
-    v = torch.cat([pos, torch.zeros(1, dtype=torch.float64), neg]).sort().values
-    return (v / v.abs().max()).numpy().astype(F32)
-
-
-def quantize_nf4(x: np.ndarray, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """float32 [..., n] (n % block == 0) -> (codes uint8 [..., n] in 0..15, absmax float32 [..., n / block]).
-    Each value goes to the nearest level of x / absmax (a value halfway between two levels goes up)."""
-    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-        raise ValueError(f"block must be a positive int, got {block!r}")
-    xb, _ = _blocks_of(x, block)
-    absmax = np.abs(xb).max(axis=1)
-    scaled = xb / np.where(absmax > 0, absmax, F32(1))[:, None]
-    levels = nf4_levels()
-    codes = np.searchsorted((levels[1:] + levels[:-1]) / 2, scaled, side="right").astype(np.uint8)
-    return codes.reshape(x.shape), absmax.reshape(*x.shape[:-1], -1)
-
-
-def dequantize_nf4(codes: np.ndarray, absmax: np.ndarray, block: int = 64) -> np.ndarray:
-    """(codes uint8 [..., n], absmax float32 [..., n / block]) -> float32 [..., n]."""
-    if not isinstance(codes, np.ndarray) or codes.dtype != np.uint8 or int(codes.max(initial=0)) > 15:
-        raise ValueError("codes must be a uint8 numpy array of values in 0..15")
-    if not isinstance(absmax, np.ndarray) or absmax.shape != codes.shape[:-1] + (codes.shape[-1] // block,):
-        raise ValueError(f"absmax must have shape {codes.shape[:-1] + (codes.shape[-1] // block,)}, "
-                         f"got {getattr(absmax, 'shape', type(absmax).__name__)}")
-    vals = nf4_levels()[codes].reshape(-1, block) * absmax.reshape(-1, 1).astype(F32)
-    return vals.reshape(codes.shape)

@@ -13,7 +13,8 @@ quantized so that the layer's output on calibration inputs x changes as little a
         W[:, j+1:] -= e * U[j, j+1:]                      push the error onto the columns to come
 
 The result has exactly the format of round-to-nearest (same codes, scales, zero points, bits): only the
-choice of codes differs, so any gain is free at inference time.
+choice of codes differs, so any gain is free at inference time. The layers come from TinyLM's one table of
+linear layers (labkit.tinylm.iter_linears), keyed by their module path.
 """
 
 from __future__ import annotations
@@ -21,31 +22,60 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..tinylm import layer_type
-from .qtensor import QTensor, quantize
+from .._checks import check_number, check_type, fail
+from ..tinylm import LAYER_TYPES, iter_linears
+from .qtensor import QTensor, check_bits, check_group_size, check_scheme, check_weight, quantize
+
+GPTQ_TYPES = tuple(t for t in LAYER_TYPES if t != "embedding")  # the matmuls (the embedding is a lookup)
+
+
+def _check_types(types) -> tuple[str, ...]:
+    if isinstance(types, str) or not isinstance(types, (tuple, list)):
+        fail("types", types, f"a tuple of layer types from {GPTQ_TYPES}", TypeError)
+    for t in types:
+        if t not in GPTQ_TYPES:
+            fail("types", tuple(types), f"some of {GPTQ_TYPES} (GPTQ needs a matmul's inputs)")
+    return tuple(types)
+
+
+def _check_tokens(tokens) -> torch.Tensor:
+    check_type("tokens", tokens, torch.Tensor, "a 2-D int64 torch.Tensor [batch, time]")
+    if tokens.dtype != torch.long:
+        fail("tokens", tokens.dtype, "a 2-D int64 tensor [batch, time]", TypeError)
+    if tokens.dim() != 2 or tokens.numel() == 0:
+        raise ValueError(f"tokens must be a non-empty 2-D int64 tensor [batch, time], got shape {tuple(tokens.shape)}")
+    return tokens
+
+
+def _check_settings(bits, group_size, scheme, damp) -> tuple[int, int | str, str]:
+    bits, group_size, scheme = check_bits(bits), check_group_size(group_size), check_scheme(scheme)
+    check_number("damp", damp, 0.0, 1.0, low_open=True, high_open=True)
+    if group_size == "tensor":
+        fail("group_size", group_size, "an int or 'channel' (GPTQ needs per-channel or per-group scales, "
+             "not group_size='tensor')")
+    return bits, group_size, scheme
 
 
 @torch.no_grad()
 def collect_inputs(model: nn.Module, tokens: torch.Tensor, types: tuple[str, ...] = ("attention", "mlp")
                    ) -> dict[str, torch.Tensor]:
-    """The inputs [n_tokens, in] that each nn.Linear of the given layer types sees when the model reads
-    `tokens` [batch, time] (int64)."""
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
-        raise ValueError(f"tokens must be a 2-D int64 tensor [batch, time], got "
-                         f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+    """{layer path: the inputs [n_tokens, in] (float32) that it sees when the model reads `tokens`
+    [batch, time] (int64)}, for every linear layer of TinyLM's table whose type is in `types`
+    (attention, mlp, head; a tied lm_head is the embedding's matrix and is left out)."""
+    types, tokens = _check_types(types), _check_tokens(tokens)
+    layers = list(iter_linears(model, types))  # TypeError unless model is a TinyLM
     seen: dict[str, list[torch.Tensor]] = {}
     hooks = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and name != "lm_head" and layer_type(name + ".weight") in types:
-            def hook(mod, args, out, name=name):
-                seen.setdefault(name, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).float())
-            hooks.append(module.register_forward_hook(hook))
+    for entry, module in layers:
+        def hook(mod, args, out, path=entry.path):
+            seen.setdefault(path, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).float())
+        hooks.append(module.register_forward_hook(hook))
     try:
         model(tokens)
     finally:
         for h in hooks:
             h.remove()
-    return {name: torch.cat(parts) for name, parts in seen.items()}
+    return {entry.path: torch.cat(seen[entry.path]) for entry, _ in layers}
 
 
 @torch.no_grad()
@@ -55,16 +85,16 @@ def gptq_quantize(weight: torch.Tensor, x: torch.Tensor, bits: int = 4, group_si
     x [n, in]. Quantizes one input column at a time, in order, and spreads each column's rounding error
     over the columns not yet quantized, weighted by the inverse Hessian H = x.T @ x of the layer's squared
     output error. Returns a QTensor in exactly the format of quantize() (same bits, same scales)."""
-    w = weight.detach().float().clone()
-    out, inp = w.shape
-    if x.dim() != 2 or x.shape[1] != inp:
+    check_weight(weight, "weight")
+    bits, group_size, scheme = _check_settings(bits, group_size, scheme, damp)
+    out, inp = weight.shape
+    check_weight(x, "x")
+    if x.shape[1] != inp:
         raise ValueError(f"x must be [n, {inp}], got {tuple(x.shape)}")
-    if not 0 < damp < 1:
-        raise ValueError(f"damp must be in (0, 1), got {damp!r}")
-    g = {"channel": inp, "tensor": None}.get(group_size, group_size)
-    if g is None:
-        raise ValueError("GPTQ needs per-channel or per-group scales, not group_size='tensor'")
-    quantize(w, bits, scheme, group_size)  # validates bits, scheme, group_size and w
+    g = inp if group_size == "channel" else group_size
+    if inp % g:
+        raise ValueError(f"group_size {g} must divide the input dimension {inp} (weight is [{out}, {inp}])")
+    w = weight.detach().float().clone()
     h = x.double().T @ x.double() / x.shape[0]
     dead = h.diagonal() == 0  # inputs that are always 0: their weights do not matter
     h[dead, dead] = 1.0
@@ -90,10 +120,15 @@ def gptq_quantize(weight: torch.Tensor, x: torch.Tensor, bits: int = 4, group_si
 def gptq(model: nn.Module, tokens: torch.Tensor, bits: int = 4, group_size: int | str = 32,
          scheme: str = "asym", types: tuple[str, ...] = ("attention", "mlp"), damp: float = 0.01
          ) -> dict[str, QTensor]:
-    """{linear name: QTensor} for every linear of the given types, quantized by GPTQ from the activations
-    of the unquantized model on calibration `tokens` [batch, time]. Pass them to
+    """{layer path: QTensor} for every linear layer of the given types, quantized by GPTQ from the
+    activations of the unquantized model on calibration `tokens` [batch, time]. Pass them to
     labkit.quant.quantize_model(..., qtensors=...)."""
+    _check_settings(bits, group_size, scheme, damp)
+    layers = list(iter_linears(model, _check_types(types)))
+    for entry, module in layers:
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"model's {entry.path} must be an nn.Linear, got {type(module).__name__}: "
+                            f"GPTQ starts from the floating-point model")
     inputs = collect_inputs(model, tokens, types)
-    modules = dict(model.named_modules())
-    return {name: gptq_quantize(modules[name].weight, x, bits, group_size, scheme, damp)
-            for name, x in inputs.items()}
+    return {entry.path: gptq_quantize(module.weight, inputs[entry.path], bits, group_size, scheme, damp)
+            for entry, module in layers}

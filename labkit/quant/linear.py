@@ -1,4 +1,5 @@
-"""The 4-bit matmul and whole-model quantization policies (notebook 03). Re-exported by labkit.quant.
+"""Quantized layers (notebook 03, section 8): QuantLinear, the 4-bit matmul, and QuantEmbedding.
+Whole-model policies that build them are in policy.py.
 
 QuantLinear keeps its weight as codes + scales and has two paths:
 
@@ -16,17 +17,14 @@ group length a multiple of 32), and falls back to the reference path otherwise.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ..tinylm import layer_type
-from .qtensor import QTensor, pack_int4, quantize, quantized_bytes, unpack_int4
+from .._checks import check_int, check_type, fail
+from .packing import pack_int4, unpack_int4
+from .qtensor import QTensor, check_word, quantize
 
 BACKENDS = ("auto", "reference", "int4pack")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 _KERNEL_GROUPS = (256, 128, 64, 32)
 
 
@@ -41,6 +39,9 @@ def to_int4pack(q: QTensor, inner_k_tiles: int = 2) -> tuple[torch.Tensor, torch
     when the kernel is missing or the shapes do not fit. Exact conversion of our convention:
         (code - zero_point) * scale  ==  (q - 8) * scale + zero   with q = code + 8, zero = -zero_point * scale
     """
+    check_type("q", q, QTensor, "a labkit.quant.QTensor")
+    if check_int("inner_k_tiles", inner_k_tiles) not in (2, 4, 8):
+        fail("inner_k_tiles", inner_k_tiles, "one of (2, 4, 8)")
     out, inp = q.shape
     if q.bits != 4 or out % 16 or q.codes.device.type != "cpu" or not int4_kernel_available():
         return None
@@ -67,10 +68,13 @@ class QuantLinear(nn.Module):
     def __init__(self, qweight: QTensor, bias: torch.Tensor | None = None, backend: str = "auto",
                  tile: int = 256):
         super().__init__()
-        if not isinstance(qweight, QTensor):
-            raise TypeError(f"qweight must be a labkit.quant.QTensor, got {type(qweight).__name__}")
-        if not isinstance(tile, int) or tile < 2 or tile % 2:
-            raise ValueError(f"tile must be an even int >= 2, got {tile!r}")
+        check_type("qweight", qweight, QTensor, "a labkit.quant.QTensor")
+        if check_int("tile", tile, low=2) % 2:
+            fail("tile", tile, "an even int >= 2")
+        if bias is not None:
+            check_type("bias", bias, torch.Tensor, "a torch.Tensor or None")
+            if tuple(bias.shape) != (qweight.shape[0],):
+                raise ValueError(f"bias must have shape ({qweight.shape[0]},), got {tuple(bias.shape)}")
         self.out_features, self.in_features = qweight.shape
         self.bits, self.group_size, self.scheme, self.tile = qweight.bits, qweight.group_size, qweight.scheme, tile
         self.group_len = qweight.group_len
@@ -103,8 +107,7 @@ class QuantLinear(nn.Module):
 
     @backend.setter
     def backend(self, value: str) -> None:
-        if value not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {value!r}")
+        check_word("backend", value, BACKENDS)
         if value == "int4pack" and self.int4pack is None:
             raise ValueError(f"backend 'int4pack' is not available for this layer ({self.bits} bits, "
                              f"[{self.out_features}, {self.in_features}], group {self.group_size!r}, "
@@ -115,8 +118,7 @@ class QuantLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, bits: int = 4, group_size: int | str = 32, scheme: str = "asym",
                     backend: str = "auto") -> "QuantLinear":
         """Quantize an nn.Linear's weight by round-to-nearest (labkit.quant.quantize)."""
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        check_type("linear", linear, nn.Linear, "a torch.nn.Linear")
         return cls(quantize(linear.weight.detach().float(), bits, scheme, group_size), linear.bias, backend)
 
     def path(self, x: torch.Tensor) -> str:
@@ -125,7 +127,8 @@ class QuantLinear(nn.Module):
         return "int4pack" if self.backend == "int4pack" or (self.backend == "auto" and fast) else "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
+        check_type("x", x, torch.Tensor, "a torch.Tensor")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must end in {self.in_features} features, got shape {tuple(x.shape)}")
         y = self.forward_int4pack(x) if self.path(x) == "int4pack" else self.forward_reference(x)
         return y if self.bias is None else y + self.bias
@@ -138,6 +141,10 @@ class QuantLinear(nn.Module):
 
     def weight_tile(self, k0: int, k1: int) -> torch.Tensor:
         """Dequantized columns k0:k1 of the weight, float32 [out, k1 - k0] (k0, k1 even when packed)."""
+        check_int("k0", k0, 0, self.in_features - 1)
+        check_int("k1", k1, k0 + 1, self.in_features)
+        if self.packed_codes and (k0 % 2 or k1 % 2):
+            raise ValueError(f"k0 and k1 must be even for packed 4-bit codes, got k0={k0}, k1={k1}")
         if self.packed_codes:
             codes = unpack_int4(self.codes[:, k0 // 2:k1 // 2].reshape(-1), self.out_features * (k1 - k0))
             codes = codes.reshape(self.out_features, k1 - k0)
@@ -181,8 +188,7 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, qweight: QTensor):
         super().__init__()
-        if not isinstance(qweight, QTensor):
-            raise TypeError(f"qweight must be a labkit.quant.QTensor, got {type(qweight).__name__}")
+        check_type("qweight", qweight, QTensor, "a labkit.quant.QTensor")
         self.register_buffer("codes", qweight.codes)
         self.register_buffer("scale", qweight.scale)
         self.register_buffer("zero", qweight.zero)
@@ -190,98 +196,9 @@ class QuantEmbedding(nn.Module):
 
     @property
     def qweight(self) -> QTensor:
+        """The table as a QTensor [vocab, d_model]."""
         return QTensor(self.codes, self.scale, self.zero, *self.meta)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Float32 embeddings [*tokens.shape, d_model] of integer token ids."""
         return self.qweight.dequantize(rows=tokens)
-
-
-def _check_policy(policy) -> dict[str, str]:
-    kinds = ("embedding", "attention", "mlp", "norm")
-    if not isinstance(policy, dict):
-        raise TypeError(f"policy must be a dict mapping layer type -> precision, got {type(policy).__name__}")
-    for kind, prec in policy.items():
-        if kind not in kinds:
-            raise ValueError(f"policy key {kind!r} is not a layer type; expected some of {kinds}")
-        if prec not in PRECISIONS:
-            raise ValueError(f"policy[{kind!r}] = {prec!r}; expected one of {PRECISIONS}")
-    if policy.get("norm", "fp32") not in ("fp32", "fp16", "bf16"):
-        raise ValueError(f"policy['norm'] = {policy['norm']!r}: norm weights stay floating point (fp32|fp16|bf16)")
-    return {k: policy.get(k, "fp32") for k in kinds}
-
-
-def quantize_model(model: nn.Module, policy: dict[str, str], group_size: int | str = 32, scheme: str = "asym",
-                   backend: str = "reference", qtensors: dict[str, QTensor] | None = None) -> tuple[nn.Module, dict]:
-    """A quantized copy of a TinyLM (the input model is left as it is) and a memory report.
-
-    policy maps layer type ("embedding", "attention", "mlp", "norm") to "fp32" | "fp16" | "bf16" | "int8" |
-    "int4"; missing types stay fp32. int8/int4 layers become QuantLinear (QuantEmbedding for the embedding,
-    shared with the tied output layer) with `group_size` and `scheme`; fp16/bf16 weights are rounded to that
-    format (kept as the FP32 values of the rounded weights for CPU compute; counted at 2 bytes).
-    qtensors: optional {linear name: QTensor} from labkit.calibrate.gptq, used instead of round-to-nearest for those layers.
-    report: {"layers": [{name, type, precision, params, bytes}], "bytes", "fp32_bytes", "compression",
-    "bits_per_weight"}; bytes count scales and zero points at 2 bytes (fp16) each.
-    """
-    policy = _check_policy(policy)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if scheme not in ("asym", "sym"):
-        raise ValueError(f"scheme must be 'asym' or 'sym', got {scheme!r}")
-    if not isinstance(model, nn.Module) or not hasattr(model, "tok_emb"):
-        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
-    qtensors = qtensors or {}
-    model = copy.deepcopy(model)
-    rows = []
-    tied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is model.tok_emb.weight
-
-    def account(name, kind, prec, numel, group_len, scheme=scheme):
-        nbytes = {"fp32": 4 * numel, "fp16": 2 * numel, "bf16": 2 * numel}.get(prec)
-        if nbytes is None:
-            nbytes = quantized_bytes(numel, 8 if prec == "int8" else 4, group_len, scheme)
-        rows.append({"name": name, "type": kind, "precision": prec, "params": numel, "bytes": nbytes})
-
-    def rounded(w, prec):
-        return w.to({"fp16": torch.float16, "bf16": torch.bfloat16}[prec]).float()
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, nn.Linear) and not (tied and name == "lm_head"):
-            kind = layer_type(name + ".weight")
-            prec = policy[kind]
-            if prec in ("int8", "int4"):
-                bits, be = (8, "reference") if prec == "int8" else (4, backend)
-                if name in qtensors:
-                    q = qtensors[name]
-                    if not isinstance(q, QTensor) or q.shape != tuple(module.weight.shape) or q.bits != bits:
-                        raise ValueError(f"qtensors[{name!r}] must be a {bits}-bit QTensor of shape "
-                                         f"{tuple(module.weight.shape)}")
-                    ql = QuantLinear(q, module.bias, backend=be)
-                else:
-                    ql = QuantLinear.from_linear(module, bits, group_size, scheme, be)
-                model.set_submodule(name, ql)
-                account(name, kind, prec, module.weight.numel(), ql.qweight.group_len, ql.scheme)
-            else:
-                if prec != "fp32":
-                    module.weight.data = rounded(module.weight.data, prec)
-                account(name, kind, prec, module.weight.numel(), 1)
-        elif isinstance(module, nn.Embedding):
-            prec = policy["embedding"]
-            w = module.weight.data
-            if prec in ("int8", "int4"):
-                q = quantize(w, 8 if prec == "int8" else 4, scheme, group_size)
-                model.set_submodule(name, QuantEmbedding(q))
-                if tied:
-                    model.lm_head = QuantLinear(q, backend=backend if prec == "int4" else "reference")
-                account(name, "embedding", prec, w.numel(), q.group_len)
-            else:
-                if prec != "fp32":
-                    module.weight.data = rounded(w, prec)
-                account(name, "embedding", prec, w.numel(), 1)
-        elif type(module).__name__ == "RMSNorm":
-            if policy["norm"] != "fp32":
-                module.weight.data = rounded(module.weight.data, policy["norm"])
-            account(name, "norm", policy["norm"], module.weight.numel(), 1)
-    total = sum(r["bytes"] for r in rows)
-    params = sum(r["params"] for r in rows)
-    report = {"layers": rows, "bytes": total, "fp32_bytes": 4 * params, "compression": 4 * params / total,
-              "bits_per_weight": 8 * total / params}
-    return model, report

@@ -91,6 +91,15 @@ def check_weight(w, name: str = "w") -> torch.Tensor:
     return w
 
 
+def _check_tensor(name: str, t, kind: str, dtype_ok, shape: tuple[int, ...]) -> None:
+    """t is a torch.Tensor whose dtype passes dtype_ok (TypeError) and whose shape is `shape` (ValueError)."""
+    check_type(name, t, torch.Tensor, f"{kind} torch.Tensor")
+    if not dtype_ok(t):
+        fail(name, t.dtype, f"{kind} tensor", TypeError)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+
+
 @dataclass
 class QTensor:
     """A quantized 2-D weight. codes int8 [out, in]; scale (float) and zero (integer; None when symmetric),
@@ -107,33 +116,25 @@ class QTensor:
     def __post_init__(self):
         self.bits, self.scheme = check_bits(self.bits), check_scheme(self.scheme)
         self.group_size = check_group_size(self.group_size)
-        if not (isinstance(self.shape, tuple) and len(self.shape) == 2 and all(is_int(s) and s > 0 for s in self.shape)):
+        shape = self.shape
+        if not (isinstance(shape, tuple) and len(shape) == 2 and all(is_int(s) and s > 0 for s in shape)):
             fail("shape", self.shape, "a tuple (out, in) of positive ints")
         out, inp = self.shape
-        check_type("codes", self.codes, torch.Tensor, "a torch.Tensor")
-        if self.codes.dtype != torch.int8 or tuple(self.codes.shape) != self.shape:
-            raise ValueError(f"codes must be an int8 tensor of shape {self.shape}, "
-                             f"got {self.codes.dtype} of shape {tuple(self.codes.shape)}")
-        qmin, qmax = -(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1
-        lo, hi = int(self.codes.min()), int(self.codes.max())
-        if lo < qmin or hi > qmax:
-            raise ValueError(f"codes must be in [{qmin}, {qmax}] for {self.bits} bits, got values in [{lo}, {hi}]")
         if isinstance(self.group_size, int) and inp % self.group_size:
             fail("group_size", self.group_size, f"a divisor of the input dimension {inp}")
         rows = 1 if self.group_size == "tensor" else out
         groups = inp // self.group_size if isinstance(self.group_size, int) else 1
-        check_type("scale", self.scale, torch.Tensor, "a torch.Tensor")
-        if not self.scale.is_floating_point() or tuple(self.scale.shape) != (rows, groups):
-            raise ValueError(f"scale must be a float tensor of shape {(rows, groups)}, "
-                             f"got {self.scale.dtype} of shape {tuple(self.scale.shape)}")
+        _check_tensor("codes", self.codes, "an int8", lambda t: t.dtype == torch.int8, self.shape)
+        qmin, qmax = -(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1
+        lo, hi = int(self.codes.min()), int(self.codes.max())
+        if lo < qmin or hi > qmax:
+            raise ValueError(f"codes must be in [{qmin}, {qmax}] for {self.bits} bits, got values in [{lo}, {hi}]")
+        _check_tensor("scale", self.scale, "a float", torch.Tensor.is_floating_point, (rows, groups))
         if self.scheme == "sym":
             if self.zero is not None:
                 raise TypeError(f"zero must be None for scheme 'sym', got {type(self.zero).__name__}")
-            return
-        check_type("zero", self.zero, torch.Tensor, "an integer torch.Tensor for scheme 'asym'")
-        if self.zero.is_floating_point() or tuple(self.zero.shape) != (rows, groups):
-            raise ValueError(f"zero must be an integer tensor of shape {(rows, groups)}, "
-                             f"got {self.zero.dtype} of shape {tuple(self.zero.shape)}")
+        else:
+            _check_tensor("zero", self.zero, "an integer", lambda t: not t.is_floating_point(), (rows, groups))
 
     @property
     def group_len(self) -> int:

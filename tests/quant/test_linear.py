@@ -1,14 +1,10 @@
-"""QuantLinear's two paths against F.linear on the dequantized weight, and quantize_model's policies."""
+"""QuantLinear's two paths against F.linear on the dequantized weight; QuantEmbedding against a lookup."""
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.rng import Rng
-from labkit.tinylm import ByteTokenizer
-from labkit.tinylm import corpus as data
-from labkit.tinylm import perplexity
-from labkit.quant import QTensor, QuantLinear, quantize, quantize_model
+from labkit.quant import QuantEmbedding, QuantLinear, quantize
 from labkit.quant.linear import int4_kernel_available, to_int4pack
 
 needs_kernel = pytest.mark.skipif(not int4_kernel_available(), reason="no INT4 CPU kernel in this torch")
@@ -81,81 +77,55 @@ def test_fallback_when_the_kernel_does_not_fit():
         assert ql.backend == before and ql(x).shape == (1, ql.out_features)
 
 
+def test_weight_tiles_are_columns_of_the_dequantized_weight():
+    lin = linear(8, 96)
+    for group, bits in ((32, 4), (16, 8), ("channel", 4), ("tensor", 4)):
+        q = quantize(lin.weight.detach(), bits, "asym", group)
+        ql, full = QuantLinear(q, backend="reference"), q.dequantize()
+        for k0, k1 in ((0, 96), (32, 64), (2, 40), (94, 96)):
+            assert torch.equal(ql.weight_tile(k0, k1), full[:, k0:k1])
+    with pytest.raises(ValueError, match="k0 and k1 must be even for packed 4-bit codes, got k0=1, k1=4"):
+        QuantLinear(quantize(lin.weight.detach())).weight_tile(1, 4)
+    with pytest.raises(ValueError, match=r"k1 must be an int in \[33, 96\], got 32"):
+        ql.weight_tile(32, 32)
+
+
 def test_bad_input_is_refused():
     with pytest.raises(TypeError, match="linear must be a torch.nn.Linear, got Conv1d"):
         QuantLinear.from_linear(nn.Conv1d(2, 2, 1))
     with pytest.raises(TypeError, match="qweight must be a labkit.quant.QTensor"):
         QuantLinear(torch.zeros(2, 2))
+    q = quantize(linear(16, 64).weight.detach())
+    with pytest.raises(ValueError, match="tile must be an even int >= 2, got 3"):
+        QuantLinear(q, tile=3)
+    with pytest.raises(TypeError, match="tile must be an int >= 2, got 256.0"):
+        QuantLinear(q, tile=256.0)
+    with pytest.raises(ValueError, match=r"bias must have shape \(16,\), got \(8,\)"):
+        QuantLinear(q, torch.zeros(8))
+    with pytest.raises(TypeError, match="bits must be one of"):
+        QuantLinear.from_linear(linear(16, 64), bits="4")
     ql = QuantLinear.from_linear(linear(16, 64))
     with pytest.raises(ValueError, match="backend must be one of"):
         ql.backend = "gpu"
+    with pytest.raises(TypeError, match="backend must be one of"):
+        ql.backend = None
     with pytest.raises(ValueError, match=r"x must end in 64 features, got shape \(2, 32\)"):
         ql(torch.randn(2, 32))
-    assert ql(torch.randn(2, 64)).shape == (2, 16)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        ql([1.0] * 64)
+    with pytest.raises(ValueError, match=r"inner_k_tiles must be one of \(2, 4, 8\), got 3"):
+        to_int4pack(q, inner_k_tiles=3)
+    assert ql(torch.randn(2, 64)).shape == (2, 16) and ql.backend == "auto"  # unchanged by the refusals
 
 
-# --- whole model ------------------------------------------------------------------------------------
-
-def test_policy_errors_name_the_problem(pretrained):
-    model, _ = pretrained
-    with pytest.raises(ValueError, match="policy key 'ffn' is not a layer type"):
-        quantize_model(model, {"ffn": "int4"})
-    with pytest.raises(ValueError, match=r"policy\['mlp'\] = 'int2'"):
-        quantize_model(model, {"mlp": "int2"})
-    with pytest.raises(ValueError, match="norm weights stay floating point"):
-        quantize_model(model, {"norm": "int8"})
-    with pytest.raises(TypeError, match="policy must be a dict"):
-        quantize_model(model, "int4")
-    with pytest.raises(ValueError, match="backend must be one of"):
-        quantize_model(model, {}, backend="cuda")
-    with pytest.raises(ValueError, match="scheme must be 'asym' or 'sym', got 'nf4'"):
-        quantize_model(model, {}, scheme="nf4")
-    with pytest.raises(TypeError, match="model must be a TinyLM, got Linear"):
-        quantize_model(nn.Linear(2, 2), {})
-
-
-def test_mixed_policy_report_and_modules(pretrained):
-    model, _ = pretrained
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    qm, report = quantize_model(model, {"embedding": "int8", "attention": "fp16", "mlp": "int4"})
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # input model untouched
-    assert isinstance(qm.layers[0].mlp.w_up, QuantLinear) and qm.layers[0].mlp.w_up.bits == 4
-    assert isinstance(qm.layers[0].attn.wq, nn.Linear)
-    assert torch.equal(qm.layers[0].attn.wq.weight, model.layers[0].attn.wq.weight.half().float())
-    assert qm.lm_head.scale is qm.tok_emb.scale  # tied: one quantized matrix
-    assert torch.equal(qm.lm_head.qweight.codes, qm.tok_emb.codes)
-    cfg = model.cfg
-    rows = {r["name"]: r for r in report["layers"]}
-    assert rows["layers.0.mlp.w_up"]["bytes"] == 384 * 128 // 2 + 384 * 4 * 4
-    assert rows["layers.0.attn.wk"]["bytes"] == 2 * 64 * 128
-    assert rows["tok_emb"]["bytes"] == 256 * 128 + 256 * 4 * 4 and "lm_head" not in rows
-    assert sum(r["params"] for r in report["layers"]) == sum(p.numel() for p in model.parameters())
-    assert report["fp32_bytes"] == 4 * 820_352
-    assert report["compression"] == pytest.approx(report["fp32_bytes"] / report["bytes"])
-    tokens = torch.tensor([list(b"The old sailor")])
-    emb = qm.tok_emb(tokens)
-    assert torch.equal(emb, qm.tok_emb.qweight.dequantize()[tokens])
-    assert qm(tokens).shape == (1, 14, cfg.vocab_size)
-
-
-def test_fp32_policy_changes_nothing_and_int8_barely_moves_perplexity(pretrained):
-    model, _ = pretrained
-    tokens = torch.tensor([list(b"copy ab3 -> ab3\n12+30=42\n")])
-    same, report = quantize_model(model, {})
-    assert torch.equal(same(tokens), model(tokens)) and report["compression"] == 1.0
-    text = data.corpus("test", 2048)
-    p32 = perplexity(model, text)
-    p8 = perplexity(quantize_model(model, {"embedding": "int8", "attention": "int8", "mlp": "int8"})[0], text)
-    assert abs(p8 - p32) < 0.01 * p32
-
-
-def test_gptq_tensors_replace_round_to_nearest(pretrained):
-    model, _ = pretrained
-    w = model.layers[0].mlp.w_up.weight.detach()
-    custom = QTensor(torch.zeros_like(w, dtype=torch.int8), torch.ones(384, 4), torch.zeros(384, 4, dtype=torch.int32),
-                     4, 32, "asym", (384, 128))
-    qm, _ = quantize_model(model, {"mlp": "int4"}, qtensors={"layers.0.mlp.w_up": custom})
-    used = qm.layers[0].mlp.w_up.qweight
-    assert torch.equal(used.codes, custom.codes) and used.scale is custom.scale
-    with pytest.raises(ValueError, match=r"qtensors\['layers.0.mlp.w_up'\] must be a 8-bit QTensor"):
-        quantize_model(model, {"mlp": "int8"}, qtensors={"layers.0.mlp.w_up": custom})
+def test_quantized_embedding_dequantizes_only_the_rows_it_reads():
+    w = torch.randn(50, 32, generator=torch.Generator().manual_seed(4))
+    q = quantize(w, 8, "asym", 16)
+    emb = QuantEmbedding(q)
+    tokens = torch.tensor([[1, 49, 1], [0, 7, 3]])
+    assert torch.equal(emb(tokens), F.embedding(tokens, q.dequantize()))
+    assert torch.equal(emb.qweight.codes, q.codes)
+    with pytest.raises(ValueError, match=r"rows must be in \[0, 49\], got values in \[0, 50\]"):
+        emb(torch.tensor([0, 50]))
+    with pytest.raises(TypeError, match="qweight must be a labkit.quant.QTensor"):
+        QuantEmbedding(w)

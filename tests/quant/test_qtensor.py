@@ -1,4 +1,5 @@
-"""labkit.quant against a per-group loop in numpy float32 (written independently), plus invariants."""
+"""labkit.quant.qtensor against a per-group loop in numpy float32 (written independently), plus invariants
+and the argument checks every module of labkit.quant shares."""
 import math
 
 import numpy as np
@@ -111,6 +112,16 @@ def test_finer_groups_and_more_bits_lower_the_error():
     assert quant.quant_error(w, quant.quantize(w, 8).dequantize())["mse"] < mse[0] / 100
 
 
+def test_quant_error_refuses_what_it_cannot_measure():
+    w = torch.ones(2, 2)
+    with pytest.raises(TypeError, match="w_hat must be a torch.Tensor, got list"):
+        quant.quant_error(w, [[1.0, 1.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="w must be non-empty and finite, got shape \\(2, 2\\) with 1 non-finite"):
+        quant.quant_error(torch.tensor([[1.0, float("inf")], [0.0, 0.0]]), w)
+    with pytest.raises(ValueError, match="w_hat must be non-empty"):
+        quant.quant_error(torch.ones(2), torch.zeros(0))
+
+
 def test_quant_error_against_the_formulas():
     w = torch.tensor([[1.0, -2.0, 3.0, 0.5]])
     w_hat = torch.tensor([[1.0, -2.5, 3.0, 0.0]])
@@ -125,12 +136,16 @@ def test_quant_error_against_the_formulas():
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"bits": 5}, ValueError, r"bits must be one of \(2, 3, 4, 8\) \(an int\), got 5"),
-    ({"bits": 4.0}, ValueError, r"\(an int\), got 4.0"),
-    ({"bits": True}, ValueError, r"\(an int\), got True"),
+    ({"bits": 4.0}, TypeError, r"\(an int\), got 4.0"),
+    ({"bits": "4"}, TypeError, r"\(an int\), got '4'"),
+    ({"bits": True}, TypeError, r"\(an int\), got True"),
     ({"scheme": "affine"}, ValueError, r"scheme must be one of \('asym', 'sym'\), got 'affine'"),
+    ({"scheme": None}, TypeError, r"scheme must be one of \('asym', 'sym'\), got None"),
     ({"group_size": 48}, ValueError, "group_size 48 must divide the input dimension 64"),
     ({"group_size": 0}, ValueError, "group_size must be a positive int, 'channel' or 'tensor', got 0"),
     ({"group_size": "row"}, ValueError, "got 'row'"),
+    ({"group_size": 32.0}, TypeError, "group_size must be a positive int, 'channel' or 'tensor', got 32.0"),
+    ({"group_size": True}, TypeError, "got True"),
 ])
 def test_bad_arguments_are_named(kwargs, error, message):
     w = torch.randn(4, 64)
@@ -154,41 +169,6 @@ def test_bad_weights_are_refused(w, error, message):
         quant.quantize(w, group_size=2)
 
 
-def brute_pack(codes: list[int], layout: str) -> bytes:
-    n = [c + 8 for c in codes]
-    if layout == "adjacent":
-        n += [8] * (len(n) % 2)
-        return bytes(n[i] | n[i + 1] << 4 for i in range(0, len(n), 2))
-    return bytes(n[b + j] | n[b + j + 16] << 4 for b in range(0, len(n), 32) for j in range(16))
-
-
-@settings(max_examples=60, deadline=None)
-@given(codes=st.lists(st.integers(-8, 7), min_size=1, max_size=96), layout=st.sampled_from(["adjacent", "llama"]))
-def test_pack_matches_byte_loop_and_unpacks(codes, layout):
-    if layout == "llama":
-        codes = (codes * 32)[:32 * max(1, len(codes) // 32)]
-    t = torch.tensor(codes, dtype=torch.int8)
-    packed = quant.pack_int4(t, layout)
-    assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(len(codes) / 2)
-    assert bytes(packed.tolist()) == brute_pack(codes, layout)
-    assert quant.unpack_int4(packed, len(codes), layout).tolist() == codes
-
-
-def test_pack_reads_any_shape_row_major_and_refuses_bad_codes():
-    codes = torch.tensor([[-8, 7], [0, -1]], dtype=torch.int8)
-    assert quant.pack_int4(codes).tolist() == [0 | 15 << 4, 8 | 7 << 4]
-    with pytest.raises(ValueError, match=r"codes must be in \[-8, 7\], got values in \[-9, 7\]"):
-        quant.pack_int4(torch.tensor([-9, 7]))
-    with pytest.raises(ValueError, match="integer tensor"):
-        quant.pack_int4(torch.tensor([0.5, 1.0]))
-    with pytest.raises(ValueError, match="multiple of 32 codes, got 30"):
-        quant.pack_int4(torch.zeros(30, dtype=torch.int8), "llama")
-    with pytest.raises(ValueError, match="numel must be 3 or 4 for 2 packed bytes, got 5"):
-        quant.unpack_int4(torch.zeros(2, dtype=torch.uint8), 5)
-    with pytest.raises(TypeError, match="uint8"):
-        quant.unpack_int4(torch.zeros(2, dtype=torch.int8), 4)
-
-
 def test_storage_accounting():
     assert quant.quantized_bytes(32, 4, 32, "sym") * 8 / 32 == 4.5        # Q4_0's size
     assert quant.quantized_bytes(32, 4, 32, "asym") * 8 / 32 == 5.0       # Q4_1's size
@@ -199,6 +179,12 @@ def test_storage_accounting():
     assert quant.quantize(w, 8, "sym", "tensor").nbytes() == 16 * 128 + 2
     with pytest.raises(ValueError, match="group_len must be a positive int, got 0"):
         quant.quantized_bytes(8, 4, 0)
+    with pytest.raises(TypeError, match="numel must be a positive int, got 8.0"):
+        quant.quantized_bytes(8.0, 4, 8)
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        quant.quantized_bytes(8, 4, 8, "nf4")
+    with pytest.raises(TypeError, match="scale_bytes must be a positive int"):
+        q.nbytes(scale_bytes="2")
 
 
 def test_range_overflow_raises_instead_of_nan():
@@ -234,5 +220,53 @@ def test_storage_of_zero_points_is_counted_at_16_bits():
     q = quant.quantize(w, 4, "asym", 32)
     assert -2 ** 15 <= int(q.zero.min()) and int(q.zero.max()) < 2 ** 15
     assert q.nbytes() == 16 + 2 + 2
-    with pytest.raises(ValueError, match="zero_bytes=1 cannot hold zero points"):
+    with pytest.raises(ValueError, match="zero_bytes must be at least 2 to hold zero points up to .*, got 1"):
         q.nbytes(zero_bytes=1)
+
+
+def test_a_qtensor_checks_its_own_consistency():
+    w = torch.randn(4, 64, generator=torch.Generator().manual_seed(5))
+    q = quant.quantize(w, 4, "asym", 32)
+    fields = dict(codes=q.codes, scale=q.scale, zero=q.zero, bits=4, group_size=32, scheme="asym", shape=(4, 64))
+    assert quant.QTensor(**fields).group_len == 32
+    bad = [({"codes": q.codes.int()}, TypeError, "codes must be an int8 tensor, got torch.int32"),
+           ({"codes": q.codes[:, :32]}, ValueError, r"codes must have shape \(4, 64\), got \(4, 32\)"),
+           ({"codes": q.codes.clone().fill_(8)}, ValueError, r"codes must be in \[-8, 7\] for 4 bits, got values in \[8, 8\]"),
+           ({"scale": q.scale[:, :1]}, ValueError, r"scale must have shape \(4, 2\), got \(4, 1\)"),
+           ({"scale": q.zero}, TypeError, "scale must be a float tensor"),
+           ({"zero": None}, TypeError, "zero must be an integer torch.Tensor, got NoneType"),
+           ({"zero": q.scale}, TypeError, "zero must be an integer tensor, got torch.float32"),
+           ({"scheme": "sym"}, TypeError, "zero must be None for scheme 'sym', got Tensor"),
+           ({"bits": 3.0}, TypeError, r"bits must be one of \(2, 3, 4, 8\) \(an int\), got 3.0"),
+           ({"group_size": 48}, ValueError, "group_size must be a divisor of the input dimension 64, got 48"),
+           ({"shape": [4, 64]}, ValueError, r"shape must be a tuple \(out, in\) of positive ints, got \[4, 64\]")]
+    for change, error, message in bad:
+        with pytest.raises(error, match=message):
+            quant.QTensor(**{**fields, **change})
+
+
+def test_dequantizing_rows_is_an_embedding_lookup():
+    w = torch.randn(10, 32, generator=torch.Generator().manual_seed(6))
+    for group in (8, "channel", "tensor"):
+        q = quant.quantize(w, 4, "asym", group)
+        rows = torch.tensor([[3, 0], [9, 3]])
+        assert torch.equal(q.dequantize(rows), q.dequantize()[rows])
+    with pytest.raises(ValueError, match=r"rows must be in \[0, 9\], got values in \[0, 10\]"):
+        q.dequantize(torch.tensor([0, 10]))
+    with pytest.raises(TypeError, match="rows must be an integer tensor, got torch.float32"):
+        q.dequantize(torch.tensor([0.0]))
+    with pytest.raises(TypeError, match="rows must be an integer torch.Tensor or None, got list"):
+        q.dequantize([0, 1])
+
+
+@pytest.mark.parametrize("check, good, bad_type, bad_value", [
+    (quant.check_bits, 8, 8.0, 16),
+    (quant.check_scheme, "sym", b"sym", "symmetric"),
+    (quant.check_group_size, "channel", [32], -32),
+])
+def test_the_shared_setting_checks_follow_the_rule(check, good, bad_type, bad_value):
+    assert check(good) == good
+    with pytest.raises(TypeError):
+        check(bad_type)
+    with pytest.raises(ValueError):
+        check(bad_value)
