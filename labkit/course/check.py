@@ -31,19 +31,37 @@ from ..rng import Rng
 
 
 def _short(x: Any, limit: int = 160) -> str:
+    """A short description of a value for a verdict line: tensors and arrays by shape and dtype (and their
+    values when there are at most 8), everything else by repr, cut at `limit` characters."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        kind = "tensor" if isinstance(x, torch.Tensor) else "array"
+        dtype = str(x.dtype).removeprefix("torch.")
+        values = f" {x.tolist()}" if x.size == 0 or (np.prod(x.shape) if x.ndim else 1) <= 8 else ""
+        return f"{kind}(shape {list(x.shape)}, {dtype}){values}"
     s = repr(x)
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
+def _exact_dtype(x) -> bool:
+    """Integer and bool answers must come in the asked dtype (int8 codes are not int32 codes)."""
+    if isinstance(x, torch.Tensor):
+        return not (x.is_floating_point() or x.is_complex())
+    return x.dtype.kind in "biu"
+
+
 def same(got: Any, expected: Any, rtol: float = 1e-6, atol: float = 1e-9) -> bool:
-    """Equality for answers: exact for ints, strings and bools; close for floats, tensors and arrays;
-    recursive for dicts, lists and tuples."""
+    """Equality for answers: exact for ints, strings and bools; close for floats, tensors and arrays (same
+    shape, and the same dtype when the expected one is an integer or bool type); recursive for dicts,
+    lists and tuples."""
     if isinstance(expected, torch.Tensor):
         return (isinstance(got, torch.Tensor) and got.shape == expected.shape
+                and (got.dtype == expected.dtype or not _exact_dtype(expected))
                 and torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol))
     if isinstance(expected, np.ndarray):
-        got = np.asarray(got)
-        return got.shape == expected.shape and bool(np.allclose(got, expected, rtol=rtol, atol=atol))
+        if not isinstance(got, np.ndarray):
+            got = np.asarray(got)
+        return (got.shape == expected.shape and (got.dtype == expected.dtype or not _exact_dtype(expected))
+                and bool(np.allclose(got, expected, rtol=rtol, atol=atol)))
     if isinstance(expected, dict):
         return (isinstance(got, dict) and set(got) == set(expected)
                 and all(same(got[k], expected[k], rtol, atol) for k in expected))
@@ -62,6 +80,25 @@ def same(got: Any, expected: Any, rtol: float = 1e-6, atol: float = 1e-9) -> boo
     return got == expected
 
 
+def _first_difference(got, expected) -> str:
+    """Shape, dtype or the first differing element of two tensors / arrays, in words."""
+    g = got.detach().cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+    e = expected.detach().cpu().numpy() if isinstance(expected, torch.Tensor) else np.asarray(expected)
+    if g.shape != e.shape:
+        return f"{_short(got)}, expected shape {list(e.shape)}"
+    if g.dtype != e.dtype and e.dtype.kind in "biu":
+        return f"dtype {str(got.dtype).removeprefix('torch.')}, expected {str(expected.dtype).removeprefix('torch.')}"
+    close = np.isclose(g.astype(np.float64), e.astype(np.float64), rtol=1e-6, atol=1e-9) if g.size else np.ones(0, bool)
+    if close.all():
+        return f"{_short(got)}, expected {_short(expected)} (within tolerance element by element)"
+    where = tuple(int(i) for i in np.argwhere(~close)[0])
+    fmt = (lambda v: f"{int(v)} (0x{int(v) & 0xFF:02x})") if e.dtype == np.uint8 else repr  # bytes: show hex too
+    err = np.abs(g.astype(np.float64) - e.astype(np.float64)).max()
+    return (f"a {list(e.shape)} {str(expected.dtype).removeprefix('torch.')} result whose first difference is at "
+            f"index {where}: {fmt(g[where].item())}, expected {fmt(e[where].item())} (largest difference {err:.3g}, "
+            f"{int((~close).sum())} of {close.size} elements differ)")
+
+
 def difference(got: Any, expected: Any) -> str:
     """Where `got` first differs from `expected`, in words (for the [FAIL] line)."""
     if isinstance(expected, dict) and isinstance(got, dict):
@@ -69,14 +106,16 @@ def difference(got: Any, expected: Any) -> str:
             return f"keys {sorted(map(str, got))}, expected keys {sorted(map(str, expected))}"
         for k in expected:
             if not same(got[k], expected[k]):
-                return f"[{k!r}] = {_short(got[k], 60)}, expected {_short(expected[k], 60)}"
+                return f"[{k!r}] = {difference(got[k], expected[k])}"
     if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)) and len(got) == len(expected):
         for i, (g, e) in enumerate(zip(got, expected)):
             if not same(g, e):
-                return f"item {i} = {_short(g, 60)}, expected {_short(e, 60)}"
-    if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == expected.shape:
-        err = (got.double() - expected.double()).abs()
-        return f"a tensor off by up to {err.max().item():.3g} (flat index {int(err.flatten().argmax())})"
+                return f"as value {i + 1} of {len(expected)}: {difference(g, e)}"
+    if isinstance(expected, (torch.Tensor, np.ndarray)) and isinstance(got, (torch.Tensor, np.ndarray)):
+        return _first_difference(got, expected)
+    if type(got) is not type(expected) and not (isinstance(got, (int, float)) and isinstance(expected, (int, float))
+                                                 and not isinstance(got, bool)):
+        return f"{_short(got)} ({type(got).__name__}), expected {_short(expected)} ({type(expected).__name__})"
     return f"{_short(got)}, expected {_short(expected)}"
 
 
@@ -110,6 +149,8 @@ def exercise(fn: Callable, reference: Callable | Exercise, cases: Sequence[tuple
         ex = reference
         reference, cases, random_case, n_random = ex.reference, ex.cases, ex.random_case, ex.n_random
         compare, rtol, atol = ex.compare, ex.rtol, ex.atol
+        if not name and getattr(fn, "__name__", "<lambda>") == "<lambda>":
+            name = ex.name  # a lambda has no name of its own: use the exercise's
     if not callable(fn) or not callable(reference):
         raise TypeError("fn and reference must be callables")
     check_positive_int("n_random", n_random, allow_zero=True)

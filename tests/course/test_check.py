@@ -86,13 +86,20 @@ def test_a_function_that_changes_its_input_does_not_spoil_the_reference(capsys):
 
 
 @pytest.mark.parametrize("got, expected, words", [
-    ([1, 2, 3], [1, 5, 3], "item 1 = 2, expected 5"),
+    ([1, 2, 3], [1, 5, 3], "as value 2 of 3: 2, expected 5"),
     ({"a": 1}, {"b": 1}, "keys ['a'], expected keys ['b']"),
-    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]), "a tensor off by up to 0.5 (flat index 1)"),
-    ("x", 3, "'x', expected 3"),
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]),
+     "a [2] float32 result whose first difference is at index (1,): 2.0, expected 2.5 (largest difference 0.5, "
+     "1 of 2 elements differ)"),
+    (torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int8), "dtype int32, expected int8"),
+    (torch.zeros(2, 3), torch.zeros(3, 2), "tensor(shape [2, 3], float32) [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], expected shape [3, 2]"),
+    (torch.tensor([0x3A], dtype=torch.uint8), torch.tensor([0xA3], dtype=torch.uint8),
+     "index (0,): 58 (0x3a), expected 163 (0xa3)"),
+    ("x", 3, "'x' (str), expected 3 (int)"),
+    (2.0, 3, "2.0, expected 3"),
 ])
 def test_difference_says_where(got, expected, words):
-    assert check.difference(got, expected) == words
+    assert words in check.difference(got, expected)
 
 
 def test_rerunning_the_check_on_the_reference_is_not_a_pass(capsys):
@@ -115,11 +122,20 @@ def test_an_exercise_object_supplies_cases_and_tolerance(capsys):
     ex = check.Exercise("halve", lambda x: x / 2, cases=[(1.0,), (3.0,)], random_case=lambda rng: (rng.below(100),),
                         n_random=5, rtol=1e-3)
     assert ex.check(lambda x: x / 2 * (1 + 1e-4)) is not ex.reference   # inside the tolerance
-    assert capsys.readouterr().out.startswith("[PASS] <lambda> matches the reference on 2 fixed and 5 random")
+    assert capsys.readouterr().out.startswith("[PASS] halve matches the reference on 2 fixed and 5 random")
     assert check.exercise(lambda x: x / 2 * (1 + 1e-2), ex) is ex.reference  # outside it
-    assert capsys.readouterr().out.startswith("[FAIL] <lambda>(1.0) returned 0.505, expected 0.5")
+    assert capsys.readouterr().out.startswith("[FAIL] halve(1.0) returned 0.505, expected 0.5")
     exact = check.Exercise("halve", lambda x: x / 2, cases=[(1.0,)], compare=lambda got, want: got == want)
     assert exact.check(lambda x: x * 0.5) is not exact.reference
     assert exact.check(lambda x: x / 2 + 1e-12) is exact.reference
     with pytest.raises(ValueError, match="rtol must be a finite number >= 0, got -1"):
         check.exercise(reference, reference, cases=CASES, rtol=-1)
+
+
+def test_integer_answers_must_come_in_the_asked_dtype_and_tensors_print_short(capsys):
+    ref = lambda w: (w * 7).round().to(torch.int8)  # noqa: E731
+    ex = check.Exercise("codes", ref, cases=[(torch.linspace(-1, 1, 64).reshape(8, 8),)])
+    assert ex.check(lambda w: ref(w).to(torch.int32)) is ref
+    line = capsys.readouterr().out
+    assert "codes(tensor(shape [8, 8], float32)) returned dtype int32, expected int8" in line and len(line) < 200
+    assert check.same(torch.ones(2, dtype=torch.float64), torch.ones(2))  # floats: any float dtype
