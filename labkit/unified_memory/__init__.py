@@ -1,10 +1,15 @@
-"""Lab 02, unified memory: a paged pool of device and host memory (the paging engine, eviction policies,
-prefetchers), allocation modes for shared devices, a contiguous allocator, model layouts in pages, and the
-notebook's experiments."""
+"""Lab 02, unified memory: a paged pool of device and host memory (the pool and its settings, the paging
+loop compiled with numba, eviction policies, prefetchers, the link timeline), allocation modes for shared
+devices, a contiguous allocator, model layouts in pages, the notebook's experiments and exercises."""
 
-from . import allocator, engine, explore, layouts, memory_modes
-from .engine import DEVICE, FREE, HOST, Allocation, Stats, UnifiedMemory, density_node
+from . import (allocator, config, engine, exercises, explore, jit, layouts, loop, memory_modes, policies, prefetch,
+               state, timeline)
+from .config import UMConfig
+from .engine import Allocation, Stats, UnifiedMemory
 from .memory_modes import MemoryMode, PoolConfig, configure_memory
+from .prefetch import density_node
+from .state import DEVICE, FREE, HOST
 
-__all__ = ["allocator", "engine", "explore", "layouts", "memory_modes", "DEVICE", "FREE", "HOST", "Allocation", "Stats",
+__all__ = ["allocator", "config", "engine", "exercises", "explore", "jit", "layouts", "loop", "memory_modes",
+           "policies", "prefetch", "state", "timeline", "DEVICE", "FREE", "HOST", "Allocation", "Stats", "UMConfig",
            "UnifiedMemory", "density_node", "MemoryMode", "PoolConfig", "configure_memory"]

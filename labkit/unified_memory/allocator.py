@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._checks import check_choice, check_positive_int, check_type, fail
+
 
 @dataclass(frozen=True)
 class Block:
@@ -27,18 +29,15 @@ class ContiguousAllocator:
     hole that fits, "best_fit" the smallest one (ties: lowest offset)."""
 
     def __init__(self, capacity: int, policy: str = "first_fit"):
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-            raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
-        if policy not in ("first_fit", "best_fit"):
-            raise ValueError(f"policy must be 'first_fit' or 'best_fit', got {policy!r}")
+        capacity = check_positive_int("capacity", capacity, unit="bytes")
+        check_choice("policy", policy, ("first_fit", "best_fit"))
         self.capacity, self.policy = capacity, policy
         self.holes: list[tuple[int, int]] = [(0, capacity)]
         self.blocks: set[Block] = set()
 
     def alloc(self, size: int) -> Block:
         """A block of `size` bytes; MemoryError (saying how much is free) when no hole is large enough."""
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"size must be a positive int (bytes), got {size!r}")
+        size = check_positive_int("size", size, unit="bytes")
         fits = [i for i, (_, s) in enumerate(self.holes) if s >= size]
         if not fits:
             raise MemoryError(f"alloc({size}) failed: {self.free_bytes} bytes free but the largest hole is "
@@ -55,8 +54,9 @@ class ContiguousAllocator:
 
     def free(self, block: Block) -> None:
         """Give `block` back; neighbouring holes merge."""
+        check_type("block", block, Block)
         if block not in self.blocks:
-            raise ValueError(f"block must be a live Block of this allocator, got {block!r}")
+            fail("block", block, "a live Block of this allocator")
         self.blocks.remove(block)
         self.holes.append((block.offset, block.size))
         self.holes.sort()
@@ -86,6 +86,8 @@ class ContiguousAllocator:
 def fragmenting_workload(allocator, sizes: list[int], free_every: int = 2) -> list[Block]:
     """Allocate `sizes` in order, then free every `free_every`-th block (0, k, 2k...). Returns the live
     blocks. Used by notebook 02 to make holes."""
+    check_type("allocator", allocator, ContiguousAllocator)
+    free_every = check_positive_int("free_every", free_every)
     blocks = [allocator.alloc(s) for s in sizes]
     for b in blocks[::free_every]:
         allocator.free(b)

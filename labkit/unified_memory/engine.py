@@ -1,53 +1,63 @@
 """A unified memory pool: virtual pages that live in device memory or host memory, migrated on a fault
-(notebook 02). Small enough to read in one sitting, vectorized enough to replay a 70B decode step.
+(notebook 02). UnifiedMemory owns the state (state.py) and checks every call; the paging loop (loop.py)
+does the work, one access at a time, compiled with numba.
 
-    virtual pages  0 1 2 3 4 5 6 7 8 ...       tier[page]: DEVICE, HOST or FREE (not allocated)
+    virtual pages  0 1 2 3 4 5 6 7 8 ...       pages[page, TIER]: DEVICE, HOST or FREE (not allocated)
                    D D H H D H - - H
     device frames  [0][1][2]  (device_bytes // page_size of them)  <- eviction picks a victim here
-    host frames    [0][1][2][3]...                                  <- victims go back here
+    host memory    the other pages                                 <- victims go back here
                           \\____ link: fault_latency + bytes / link_bandwidth ____/
 
-Rules (the reference simulator in tests/test_unified_memory.py implements the same rules page by page):
+Rules (tests/unified_memory/reference.py implements the same rules page by page, with other structures):
   * Access number k (k = 1, 2, ...) has tick k. A hit is an access to a page on the device; it costs
-    page_size / device_bandwidth seconds and, for LRU, sets last_use[page] = k (clock: ref[page] = 1).
+    page_size / device_bandwidth seconds and, for LRU, sets the page's last_use to k (clock: its reference
+    bit to 1).
   * A fault is an access to a page on the host. The page moves to the device together with what the
-    prefetcher picks from the same allocation (sequential: the next `prefetch_pages` pages; density: the
-    tree-based rule of `density_node` inside the page's 2 MiB block), at most device_pages - 1 extra pages.
-    The faulted page is loaded first, then the prefetched ones in ascending order; each takes the lowest
-    free device frame or evicts a victim to the host. Pages loaded by this fault are never victims.
-    Loaded pages get last_use = k and ref = 1. Allocations start on a 2 MiB block boundary (as CUDA's
-    managed allocations do), so a block never holds two allocations.
+    prefetcher picks from the same allocation among the pages on the host at that moment (sequential: the
+    next `prefetch_pages` pages; density: the tree-based rule of `density_node` inside the page's 2 MiB
+    block), at most device_pages - 1 extra pages. The faulted page is loaded first, then the prefetched
+    ones in ascending order; each takes the lowest free device frame or evicts a victim to the host. Pages
+    loaded by this fault are never victims. Loaded pages get last_use = k and reference bit 1.
+    Allocations start on a block boundary (2 MiB, as CUDA's managed allocations do), so a block never
+    holds two allocations.
   * Victims: "lru" the smallest (last_use, page); "fifo" the page loaded longest ago; "clock" a hand sweeps
-    the frames, clears ref bits it passes and takes the first frame whose ref bit is 0 (second chance).
-  * Time of one fault: fault_latency + (pages in + pages out) * page_size / link_bandwidth (seconds). Evicted
-    pages are always written back (no dirty bits), faults are serviced one at a time (no batching: each
-    pays the full latency; the code replays some runs of faults in one numpy batch, with the same result).
-  * alloc() places new pages on the host while it has room, the rest on the device; free() drops them.
-Defaults: link 25 GB/s (PCIe 4.0 x16 is 31.5 GB/s per direction on paper, ~25 GB/s in practice), 30 us
-per fault (GPU fault handling takes tens of microseconds), device 2 TB/s (HBM class).
-Units: bytes, bytes/s, seconds. GB = 1e9 bytes, GiB = 2**30 bytes. Page movement: labkit/migration.py.
+    the frames, clears the reference bits it passes and takes the first frame whose bit is 0 (second chance).
+  * Time of a fault: (pages in + pages out) * page_size / link_bandwidth seconds of transfer (evicted pages
+    are always written back: no dirty bits), plus fault_latency if the fault opens a batch.
+    Fault batches: a maximal run of consecutive faults with no hit between them is cut into batches of
+    fault_batch faults (the last one may be shorter): a fault opens a batch when the access before it was
+    a hit (or it is the pool's first fault) or when the open batch already holds fault_batch faults. Each
+    batch pays fault_latency once, before its first fault's transfer; the transfers of its faults follow
+    each other on the link. fault_batch=1 (the default): every fault pays the latency. A run of faults
+    continues into the next access_pages call; alloc() and free() do not end it.
+  * alloc() places new pages on the host while it has room, the rest on the device (lowest free frames; no
+    time, no counters); free() drops them. Pages outside every live allocation cannot be accessed: a trace
+    with one is refused whole, before its first access.
+  * link_utilization() reads the link's busy time from a fixed set of 65,536 bins (timeline.py).
+Units: bytes, bytes/s, seconds. GB = 1e9 bytes, GiB = 2**30 bytes.
 """
 
 from __future__ import annotations
 
-import numbers
-from array import array
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .migration import DEVICE, FREE, HOST, Migration  # noqa: F401
-
-EVICTION = ("lru", "clock", "fifo")
-PREFETCH = (None, "sequential", "density")
+from .._checks import check_int, check_positive_int, check_type, fail
+from .config import UMConfig
+from .loop import first_outside, place, release, replay
+from .state import (EVICTION, FRAME, FREE, HOST, N_FREE, PREFETCH, TIER, Costs, Rules, grown, new_frames, new_pages,
+                    new_state)
+from .timeline import busy_until, new_timeline
 
 
 @dataclass
 class Stats:
-    """Counters: pages (hits, faults, migrations host->device, evictions device->host), bytes over the
-    link, simulated seconds."""
+    """Counters: accesses that hit and that faulted, fault batches (latencies paid), pages migrated host ->
+    device and evicted device -> host, bytes over the link, simulated seconds."""
     hits: int = 0
     faults: int = 0
+    fault_batches: int = 0
     migrations: int = 0
     evictions: int = 0
     bytes_moved: int = 0
@@ -70,269 +80,165 @@ class Allocation:
     name: str | None = None
 
 
-def _positive(name, value, kind=(numbers.Integral,), allow_zero=False):
-    if not isinstance(value, kind) or isinstance(value, bool) or not np.isfinite(value) \
-            or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} "
-                         f"{'int' if kind == (numbers.Integral,) else 'number'}, got {value!r}")
-    return value
+class UnifiedMemory:
+    """The pool (see the module docstring for the rules); `stats` holds the counters, `config` the settings.
 
+    UnifiedMemory(device_bytes, host_bytes, page_size=4096, eviction="lru", prefetch=None, ...): the settings
+    of UMConfig, by keyword; or UnifiedMemory(config=UMConfig(...))."""
 
-def density_node(resident: np.ndarray, i: int, threshold: float = 0.5, leaf: int = 16) -> tuple[int, int]:
-    """Tree-based density prefetch inside one 2 MiB block, after CUDA Unified Memory's driver (described by
-    Ganguly et al., ISCA 2019): the block is a binary tree of aligned nodes of leaf, 2 leaf, 4 leaf ...
-    pages. A fault takes the whole leaf around page `i`; then, going up to the root, each node is taken
-    whole when more than `threshold` of its pages are resident or already taken. A node cut by the end of
-    the allocation (len(resident) < the block) counts only its pages inside: it is taken when more than
-    threshold * (its pages inside) are resident or taken. Returns the taken range
-    as [start, end) page offsets. `resident`: one bool per page of the block (len <= the block).
-
-        leaf 2:  [x x | x . | . . | . .]  fault at 3: leaf [2,4); node [0,4) 4/4 > 0.5: take it;
-                 node [0,8) 4/8 is not > 0.5 -> returns (0, 4): page 3 moves (0..2 are there already)
-    """
-    resident = np.asarray(resident, bool)
-    n = len(resident)
-    if resident.ndim != 1 or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
-        raise ValueError(f"i must index the 1-D resident array of {n} pages, got {i!r}")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
-        raise ValueError(f"threshold must be a number in [0, 1), got {threshold!r}")
-    if not isinstance(leaf, int) or leaf < 1:
-        raise ValueError(f"leaf must be a positive int (pages), got {leaf!r}")
-    prefix = np.concatenate([[0], np.cumsum(resident)])
-    start = i - i % leaf
-    end, size = min(start + leaf, n), 2 * leaf
-    while size < 2 * max(n, leaf):  # up to the root (the last node may be clipped by the allocation's end)
-        a = i - i % size
-        b = min(a + size, n)
-        taken = int(prefix[start] - prefix[a] + prefix[b] - prefix[end]) + (end - start)
-        if taken > threshold * (b - a):
-            start, end = a, b
-        size *= 2
-    return start, end
-
-
-class UnifiedMemory(Migration):
-    """The pool (see the module docstring for the rules); `stats` holds the counters.
-
-    device_bytes, host_bytes: capacities (bytes, rounded down to whole pages); page_size: bytes;
-    eviction: "lru" | "clock" | "fifo"; prefetch: None | "sequential" | "density";
-    link_bandwidth, device_bandwidth: bytes/s; fault_latency: seconds per fault;
-    prefetch_pages: pages the sequential prefetcher brings; density_threshold, block_bytes, leaf_bytes:
-    the density prefetcher's rule (see density_node)."""
-
-    def __init__(self, device_bytes: int, host_bytes: int, page_size: int = 4096, eviction: str = "lru",
-                 prefetch: str | None = None, link_bandwidth: float = 25e9, fault_latency: float = 30e-6,
-                 device_bandwidth: float = 2e12, prefetch_pages: int = 16, density_threshold: float = 0.5,
-                 block_bytes: int = 2 * 2**20, leaf_bytes: int = 64 * 2**10):
-        _positive("page_size", page_size)
-        _positive("device_bytes", device_bytes)
-        _positive("host_bytes", host_bytes, allow_zero=True)
-        if device_bytes < page_size:
-            raise ValueError(f"device_bytes must hold at least one page of {page_size} bytes, got {device_bytes}")
-        if eviction not in EVICTION:
-            raise ValueError(f"eviction must be one of {EVICTION}, got {eviction!r}")
-        if prefetch not in PREFETCH:
-            raise ValueError(f"prefetch must be one of {PREFETCH}, got {prefetch!r}")
-        for name, v in (("link_bandwidth", link_bandwidth), ("device_bandwidth", device_bandwidth)):
-            _positive(name, v, (numbers.Real,))
-        _positive("fault_latency", fault_latency, (numbers.Real,), allow_zero=True)
-        _positive("prefetch_pages", prefetch_pages)
-        if not isinstance(density_threshold, (int, float)) or not 0 <= density_threshold < 1:
-            raise ValueError(f"density_threshold must be a number in [0, 1), got {density_threshold!r}")
-        if not isinstance(block_bytes, int) or block_bytes < page_size or block_bytes % page_size:
-            raise ValueError(f"block_bytes must be a multiple of page_size ({page_size}), got {block_bytes!r}")
-        if not isinstance(leaf_bytes, int) or leaf_bytes < page_size or block_bytes % leaf_bytes \
-                or leaf_bytes % page_size:
-            raise ValueError(f"leaf_bytes must be a multiple of page_size dividing block_bytes, got {leaf_bytes!r}")
-        self.leaf_pages = leaf_bytes // page_size
-        self.page_size, self.eviction, self.prefetch = int(page_size), eviction, prefetch
-        self.device_pages, self.host_pages = int(device_bytes // page_size), int(host_bytes // page_size)
-        self.link_bandwidth, self.fault_latency = float(link_bandwidth), float(fault_latency)
-        self.device_bandwidth, self.prefetch_pages = float(device_bandwidth), prefetch_pages
-        self.density_threshold, self.block_pages = float(density_threshold), block_bytes // page_size
-        self.tier = np.zeros(0, np.int8)          # per virtual page: FREE / HOST / DEVICE
-        self.last_use = np.zeros(0, np.int64)     # LRU key: tick of the last access or load
-        self.loaded = np.zeros(0, np.int64)       # FIFO key: load sequence number
-        self.ref = np.zeros(0, bool)              # clock reference bit
-        self.frame = np.zeros(0, np.int64)        # device frame of a page (clock)
-        self.alloc_end = np.zeros(0, np.int64)    # end page (exclusive) of the page's allocation
-        self.frames = np.full(self.device_pages, -1, np.int64)  # page held by each device frame
-        self.frame_free = np.ones(self.device_pages, bool)      # frames below _free_hint are all taken
-        self.n_free, self._free_hint = self.device_pages, 0
-        self.hand, self.tick, self.seq, self.next_page = 0, 0, 0, 0
-        self.n_device = self.n_host = 0
+    def __init__(self, device_bytes: int | None = None, host_bytes: int | None = None, *,
+                 config: UMConfig | None = None, **settings):
+        if config is None:
+            unknown = sorted(set(settings) - set(UMConfig.names()))
+            if unknown:
+                raise TypeError(f"unknown setting(s) {unknown}; UnifiedMemory takes {', '.join(UMConfig.names())}")
+            if device_bytes is None or host_bytes is None:
+                raise TypeError("UnifiedMemory needs device_bytes and host_bytes (or config=UMConfig(...))")
+            config = UMConfig(device_bytes, host_bytes, **settings)
+        else:
+            check_type("config", config, UMConfig)
+            if device_bytes is not None or host_bytes is not None or settings:
+                raise TypeError("give either config=UMConfig(...) or the settings, not both")
+        self.config = config
+        self.rules = Rules(EVICTION[config.eviction], PREFETCH[config.prefetch], config.prefetch_pages,
+                           config.block_pages, config.leaf_pages, config.density_threshold, config.fault_batch)
+        self.costs = Costs(config.page_size, config.hit_s, config.fault_latency, config.link_bandwidth)
+        self.pages = new_pages(0)                      # the page table (state.py): a row per virtual page
+        self.block_end = np.zeros(0, np.int64)         # per 2 MiB block: end of its allocation
+        self.frames = new_frames(config.device_pages)  # the frame table: a row per device frame
+        self.state = new_state(config.device_pages)    # scalars
         self.allocations: dict[int, Allocation] = {}
         self.stats = Stats()
-        self.fault_times = array("d")             # simulated time at which each fault started (s)
-        self.fault_busy = array("d")              # link-busy seconds of each fault
-        self._queue, self._queue_keys, self._qpos, self._protect = np.zeros(0, np.int64), None, 0, 0
+        self._next_page = 0
+        self._prefetched = np.empty(max(config.prefetch_pages, config.block_pages), np.int64)  # the loop's scratch
+        self._counts = np.empty(config.block_pages + 1, np.int64)
+        self._allocated_pages = 0
+        self.timeline = new_timeline()                 # when the link was busy (timeline.py)
 
-    # ---- allocation -------------------------------------------------------------------------------
+    # ---- sizes --------------------------------------------------------------------------------------
+    page_size = property(lambda self: self.config.page_size, doc="bytes per page")
+    device_pages = property(lambda self: self.config.device_pages, doc="device frames")
+    host_pages = property(lambda self: self.config.host_pages, doc="pages the host can hold")
+
+    @property
+    def n_device(self) -> int:
+        """Pages on the device now."""
+        return self.device_pages - int(self.state[N_FREE])
+
+    @property
+    def n_host(self) -> int:
+        """Allocated pages on the host now."""
+        return self._allocated_pages - self.n_device
+
+    # ---- allocation ---------------------------------------------------------------------------------
     def alloc(self, nbytes: int, name: str | None = None) -> Allocation:
-        """Reserve ceil(nbytes / page_size) fresh virtual pages; MemoryError if the pool is too small."""
-        _positive("nbytes", nbytes)
-        nbytes = int(nbytes)
+        """Reserve ceil(nbytes / page_size) fresh virtual pages; MemoryError (pool unchanged) if they do not fit."""
+        nbytes = check_positive_int("nbytes", nbytes, unit="bytes")
+        if name is not None:
+            check_type("name", name, str, "a str or None")
         n = -(-nbytes // self.page_size)
-        free = self.device_pages + self.host_pages - self.n_device - self.n_host
+        free = self.device_pages + self.host_pages - self._allocated_pages
         if n > free:
             raise MemoryError(f"alloc({nbytes} bytes = {n} pages) does not fit: {free} of "
                               f"{self.device_pages + self.host_pages} pages are free")
-        first = -(-self.next_page // self.block_pages) * self.block_pages  # allocations start on a block
-        self._grow(first + n)
+        block = self.config.block_pages
+        first = -(-self._next_page // block) * block   # allocations start on a block boundary
+        end = first + n
+        self.pages, self.block_end = grown(self.pages, self.block_end, end, block)
         on_host = min(n, self.host_pages - self.n_host)
-        self.tier[first:first + on_host] = HOST
-        self.alloc_end[first:first + n] = first + n
-        self.next_page = first + n
-        self.n_host += on_host
-        self._protect = self.seq
-        self._load(np.arange(first + on_host, first + n), count=False)
-        a = Allocation(first, n, nbytes, name)
-        self.allocations[first] = a
-        return a
+        self.pages[first:first + on_host, TIER] = HOST
+        self.block_end[first // block:-(-end // block)] = end
+        place(first + on_host, end, self.pages, self.frames, self.state, self.rules.eviction)
+        self._next_page, self._allocated_pages = end, self._allocated_pages + n
+        allocation = Allocation(first, n, nbytes, name)
+        self.allocations[first] = allocation
+        return allocation
 
     def free(self, allocation: Allocation) -> None:
         """Return every page of `allocation` to the pool."""
-        if not isinstance(allocation, Allocation) or self.allocations.get(allocation.first_page) != allocation:
-            raise ValueError(f"allocation must be a live Allocation of this pool, got {allocation!r}")
-        pages = np.arange(allocation.first_page, allocation.first_page + allocation.num_pages)
-        on_dev = pages[self.tier[pages] == DEVICE]
-        if len(on_dev):
-            self.frame_free[self.frame[on_dev]] = True
-            self.n_free += len(on_dev)
-            self._free_hint = min(self._free_hint, int(self.frame[on_dev].min()))
-        self.frames[self.frame[on_dev]] = -1
-        self.n_device -= len(on_dev)
-        self.n_host -= len(pages) - len(on_dev)
-        self.tier[pages] = FREE
-        del self.allocations[allocation.first_page]
+        self._check_live(allocation)
+        first, end = allocation.first_page, allocation.first_page + allocation.num_pages
+        release(first, end, self.pages, self.frames, self.state, self.rules.eviction)
+        self._allocated_pages -= allocation.num_pages
+        del self.allocations[first]
 
-    def _grow(self, n: int) -> None:
-        if n <= len(self.tier):
-            return
-        size = max(n, 2 * len(self.tier), 1024)
-        for attr, fill in (("tier", FREE), ("last_use", 0), ("loaded", 0), ("ref", False), ("frame", -1),
-                           ("alloc_end", 0)):
-            old = getattr(self, attr)
-            new = np.full(size, fill, old.dtype)
-            new[:len(old)] = old
-            setattr(self, attr, new)
+    def _check_live(self, allocation) -> None:
+        check_type("allocation", allocation, Allocation)
+        if self.allocations.get(allocation.first_page) != allocation:
+            fail("allocation", allocation, "a live Allocation of this pool")
 
-    # ---- access -----------------------------------------------------------------------------------
+    # ---- access -------------------------------------------------------------------------------------
     def access(self, allocation: Allocation, offset: int = 0, nbytes: int | None = None) -> None:
-        """Touch every page of bytes [offset, offset + nbytes) of `allocation`, in order."""
-        if not isinstance(allocation, Allocation) or self.allocations.get(allocation.first_page) != allocation:
-            raise ValueError(f"allocation must be a live Allocation of this pool, got {allocation!r}")
-        nbytes = allocation.nbytes - offset if nbytes is None else nbytes
-        if not isinstance(offset, int) or not isinstance(nbytes, int) or offset < 0 or nbytes < 1 \
-                or offset + nbytes > allocation.nbytes:
-            raise ValueError(f"offset {offset!r} and nbytes {nbytes!r} must give a non-empty byte range inside "
-                             f"the allocation's {allocation.nbytes} bytes")
-        ps = self.page_size
-        self.access_pages(np.arange(allocation.first_page + offset // ps,
-                                    allocation.first_page + -(-(offset + nbytes) // ps)))
+        """Touch every page of bytes [offset, offset + nbytes) of `allocation` (default: to its end), in order."""
+        self._check_live(allocation)
+        offset = check_int("offset", offset, 0, allocation.nbytes - 1, unit="bytes")
+        if nbytes is None:
+            nbytes = allocation.nbytes - offset
+        nbytes = check_int("nbytes", nbytes, 1, allocation.nbytes - offset, unit="bytes from the offset")
+        first = allocation.first_page
+        self.access_pages(np.arange(first + offset // self.page_size,
+                                    first + -(-(offset + nbytes) // self.page_size)))
 
     def access_pages(self, pages) -> None:
-        """Touch virtual pages in order (a 1-D integer array). Runs of hits are counted in bulk with numpy,
-        and so are runs of faults without prefetch (LRU/FIFO) and sequential-prefetch sweeps; other faults
-        (clock, density prefetch, random access) go one at a time through Python."""
-        pages = np.asarray(pages)
-        if pages.ndim != 1 or (pages.size and not np.issubdtype(pages.dtype, np.integer)):
-            raise ValueError(f"pages must be a 1-D integer array, got shape {pages.shape} dtype {pages.dtype}")
-        pages = pages.astype(np.int64, copy=False)
-        if pages.size:
-            bad = (pages < 0) | (pages >= self.next_page)
-            bad[~bad] = self.tier[pages[~bad]] == FREE
-            if bad.any():
-                raise ValueError(f"pages must be allocated virtual pages; page {int(pages[np.argmax(bad)])} "
-                                 f"(position {int(np.argmax(bad))}) is not")
-        i, n, window, t_hit = 0, len(pages), 256, self.page_size / self.device_bandwidth
-        while i < n:
-            seg = pages[i:i + window]
-            resident = self.tier[seg] == DEVICE
-            j = len(seg) if resident.all() else int(np.argmin(resident))
-            if j:
-                hit = seg[:j]
-                if self.eviction == "lru":
-                    np.maximum.at(self.last_use, hit, np.arange(self.tick + 1, self.tick + j + 1))
-                elif self.eviction == "clock":
-                    self.ref[hit] = True
-                self.tick += j
-                self.stats.hits += j
-                self.stats.time_s += j * t_hit
-            if j == len(seg):
-                window = min(2 * window, 1 << 16)
-                i += j
-                continue
-            run = seg[j:]
-            r = len(run) if not resident[j:].any() else int(np.argmax(resident[j:]))
-            done = 0
-            if self.prefetch == "sequential" and self.eviction != "clock":
-                done = self._sequential_run(run[:r], t_hit)
-            if done:
-                run = run[:done]
-            elif r > 1 and self.prefetch is None:
-                run = self._distinct_prefix(run[:min(r, self.device_pages)])
-                if self.eviction != "clock":
-                    self._fault_run(run)
-                elif self.n_free:  # clock: free frames first (no victims), then whole sweeps of the hand
-                    run = run[:self.n_free]
-                    self._fault_run(run)
-                else:
-                    self._clock_run(run)
-            else:
-                run = run[:1]
-                self.tick += 1
-                self._fault(int(run[0]))
-            i += j + len(run)
-            window = max(256, 2 * (j + len(run)))
-
-    def _fault(self, p: int) -> None:
+        """Touch virtual pages in order (a 1-D array of page numbers, each inside a live allocation). The whole
+        trace is checked first: a refused trace leaves the pool as it was."""
+        pages = self._checked_pages(pages, live=True)
+        if not len(pages):
+            return
+        hits, faults, batches, migrations, evictions, time_s = replay(
+            pages, self.pages, self.frames, self.block_end, self.state, self.rules, self.costs,
+            float(self.stats.time_s), self.timeline, self._prefetched, self._counts)
         s = self.stats
-        s.faults += 1
-        in0, out0, self._protect = s.migrations, s.evictions, self.seq
-        extra = self._prefetch_candidates(p) if self.prefetch is not None else ()
-        if len(extra):
-            self._load(np.concatenate([[p], extra]))  # the faulted page first, then the prefetch
-        else:
-            self._load_one(p)
-        moved = (s.migrations - in0) + (s.evictions - out0)
-        busy = moved * self.page_size / self.link_bandwidth
-        self.fault_times.append(s.time_s)
-        self.fault_busy.append(busy)
-        s.bytes_moved += moved * self.page_size
-        s.time_s += self.fault_latency + busy
+        s.hits, s.faults, s.fault_batches = s.hits + hits, s.faults + faults, s.fault_batches + batches
+        s.migrations, s.evictions = s.migrations + migrations, s.evictions + evictions
+        s.bytes_moved += (migrations + evictions) * self.page_size
+        s.time_s = float(time_s)
 
-    def _prefetch_candidates(self, p: int) -> np.ndarray:
-        if self.prefetch == "sequential":
-            cand = np.arange(p + 1, min(p + 1 + self.prefetch_pages, int(self.alloc_end[p])))
-        elif self.prefetch == "density":
-            lo = p - p % self.block_pages
-            hi = min(lo + self.block_pages, int(self.alloc_end[p]))
-            start, end = density_node(self.tier[lo:hi] == DEVICE, p - lo, self.density_threshold, self.leaf_pages)
-            cand = np.arange(lo + start, lo + end)
-        else:
+    def _checked_pages(self, pages, live: bool) -> np.ndarray:
+        array = np.asarray(pages)
+        if array.size == 0 and array.ndim == 1:
             return np.zeros(0, np.int64)
-        return cand[(self.tier[cand] == HOST) & (cand != p)][:self.device_pages - 1]
+        if not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(f"pages must be integer page numbers, got an array of {array.dtype}")
+        if array.ndim != 1:
+            fail("pages", f"an array of shape {array.shape}", "a 1-D array of page numbers")
+        if array.dtype == np.uint64 and array.max() > np.iinfo(np.int64).max:
+            fail("pages", int(array.max()), "page numbers below 2**63")
+        array = np.ascontiguousarray(array, np.int64)
+        index = first_outside(array, self.pages) if live else int(np.argmax(array < 0)) if array.min() < 0 else -1
+        if index >= 0 and array[index] < 0:
+            fail(f"pages[{index}]", int(array[index]), "a page number >= 0")
+        if index >= 0:
+            fail(f"pages[{index}]", int(array[index]), f"a page of a live allocation ({self._valid_ranges()})")
+        return array
 
-    # ---- views ------------------------------------------------------------------------------------
+    def _valid_ranges(self) -> str:
+        if not self.allocations:
+            return "none is allocated"
+        ranges = [f"[{a.first_page}, {a.first_page + a.num_pages})" for a in self.allocations.values()]
+        return "pages " + ", ".join(ranges[:4]) + (f" and {len(ranges) - 4} more" if len(ranges) > 4 else "")
+
+    # ---- views --------------------------------------------------------------------------------------
     def where(self, pages) -> np.ndarray:
-        """Tier of each page: DEVICE (1), HOST (0) or FREE (-1)."""
-        return self.tier[np.asarray(pages, np.int64)]
+        """Tier of each page: DEVICE (1), HOST (0) or FREE (-1, not allocated)."""
+        pages = self._checked_pages(pages, live=False)
+        out = np.full(len(pages), FREE, np.int8)
+        known = pages < len(self.pages)
+        out[known] = self.pages[pages[known], TIER]
+        return out
+
+    def frame_of(self, pages) -> np.ndarray:
+        """Device frame of each page (-1: not on the device)."""
+        pages = self._checked_pages(pages, live=False)
+        out = np.full(len(pages), -1, np.int64)
+        known = pages < len(self.pages)
+        out[known] = self.pages[pages[known], FRAME]
+        return out
 
     def link_utilization(self, bins: int = 50) -> tuple[np.ndarray, np.ndarray]:
-        """(bin start times in s, fraction of each bin the link was busy), over the simulated run so far.
-        A fault's transfer starts fault_latency seconds after the fault."""
-        if not isinstance(bins, int) or bins < 1:
-            raise ValueError(f"bins must be a positive int, got {bins!r}")
+        """(bin start times in s, fraction of each bin the link was busy), over the simulated run so far. A
+        fault's transfer starts after its batch's latency (exact to about 4 x bins / 65,536: timeline.py)."""
+        bins = check_positive_int("bins", bins)
         total = max(self.stats.time_s, 1e-30)
         edges = np.linspace(0.0, total, bins + 1)
-        start = np.asarray(self.fault_times) + self.fault_latency
-        end = start + np.asarray(self.fault_busy)
-        busy = np.zeros(bins)
-        for a, b in zip(start, end):
-            if b <= a:
-                continue
-            lo, hi = np.searchsorted(edges, a, "right") - 1, np.searchsorted(edges, b, "left")
-            for j in range(max(lo, 0), min(hi, bins)):
-                busy[j] += min(b, edges[j + 1]) - max(a, edges[j])
-        return edges[:-1], busy / (total / bins)
+        return edges[:-1], np.diff(busy_until(self.timeline, edges)) / (total / bins)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_int, check_positive, check_positive_int, fail
 from ..tinylm import Event, linear_layers
+
 
 def layout(spec, bytes_per_weight: float = 2, kv_tokens: int | None = None,
            kv_bytes_per_element: float = 2) -> dict[str, tuple[int, int, int]]:
@@ -23,11 +25,9 @@ def layout(spec, bytes_per_weight: float = 2, kv_tokens: int | None = None,
     starting on a 4 KiB boundary. KV cache: kv_tokens positions (default: spec.context) per layer."""
     if not hasattr(spec, "n_kv_heads"):
         raise TypeError(f"spec must be a labkit.specs.ModelSpec, got {type(spec).__name__}")
-    if not isinstance(bytes_per_weight, (int, float)) or bytes_per_weight <= 0:
-        raise ValueError(f"bytes_per_weight must be a positive number, got {bytes_per_weight!r}")
-    kv_tokens = spec.context if kv_tokens is None else kv_tokens
-    if not isinstance(kv_tokens, int) or kv_tokens < 1:
-        raise ValueError(f"kv_tokens must be a positive int, got {kv_tokens!r}")
+    check_positive("bytes_per_weight", bytes_per_weight, unit="bytes")
+    check_positive("kv_bytes_per_element", kv_bytes_per_element, unit="bytes")
+    kv_tokens = check_positive_int("kv_tokens", spec.context if kv_tokens is None else kv_tokens, unit="positions")
     hd = spec.d_model // spec.n_heads
     w = lambda cols: int(round(cols * bytes_per_weight))  # noqa: E731  bytes of one row
     shapes, previous = [], None
@@ -84,18 +84,46 @@ def scale_trace(events: list[Event], spec, tiny_layout: dict) -> list[Event]:
 
 def trace_pages(events: list[Event], lay: dict, page_size: int = 4096, first_page: int = 0) -> np.ndarray:
     """Virtual page numbers touched by `events`, in order (a page touched by consecutive rows once)."""
-    if not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    check_positive_int("page_size", page_size, unit="bytes")
+    check_int("first_page", first_page, 0)
     starts, ends = [], []
     for name, r0, r1 in events:
         if name not in lay:
-            raise ValueError(f"tensor {name!r} is not in the layout")
+            fail("event tensor", name, "a tensor of the layout")
         off, row, rows = lay[name]
         if not 0 <= r0 < r1 <= rows:
-            raise ValueError(f"rows [{r0}, {r1}) of {name!r} are outside its {rows} rows")
+            fail(f"rows of {name!r}", (r0, r1), f"a non-empty range [r0, r1) inside its {rows} rows")
         starts.append((off + r0 * row) // page_size)
         ends.append(-(-(off + r1 * row) // page_size))
     starts, ends = np.array(starts, np.int64), np.array(ends, np.int64)
     lengths = ends - starts
     idx = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     return first_page + idx + np.arange(lengths.sum())
+
+
+def step_pages(steps: list[list[Event]], spec, lay: dict, tiny_layout: dict, page_size: int = 4096) -> list[np.ndarray]:
+    """Virtual page numbers of each recorded TinyLM decode step (record_decode_trace) scaled to `spec` and laid
+    out in `lay`: one array per token (notebook 02 replays them)."""
+    return [trace_pages(scale_trace(events, spec, tiny_layout), lay, page_size) for events in steps]
+
+
+def module_bytes(lay: dict, n_layers: int) -> dict[str, int]:
+    """Bytes of each module of a layout, in forward order: "embed", "layer0" ... (every tensor named
+    layers.<i>.*), "output" (final norm + LM head). The units accelerate's device map places (notebook 02)."""
+    check_positive_int("n_layers", n_layers, unit="layers")
+    for name in ("tok_emb", "norm", "lm_head"):
+        if name not in lay:
+            fail("lay", sorted(lay)[:4], f"a layout (from layout()) with a {name!r} tensor")
+    out = {"embed": lay["tok_emb"][1] * lay["tok_emb"][2]}
+    for i in range(n_layers):
+        out[f"layer{i}"] = sum(row * rows for name, (_, row, rows) in lay.items() if name.startswith(f"layers.{i}."))
+    out["output"] = lay["norm"][1] + lay["lm_head"][1] * lay["lm_head"][2]
+    return out
+
+
+def ngl_args(lay: dict, n_layers: int) -> dict:
+    """The layer arguments of labkit.memory_wall.offload.ngl_curve for a layout: layer_bytes (the decoder
+    layers in order), output_bytes, embedding_row_bytes (one row: what a token reads)."""
+    sizes = module_bytes(lay, n_layers)
+    return {"layer_bytes": [sizes[f"layer{i}"] for i in range(n_layers)], "output_bytes": sizes["output"],
+            "embedding_row_bytes": lay["tok_emb"][1]}

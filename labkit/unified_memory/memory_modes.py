@@ -27,6 +27,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from .._checks import check_fraction, check_number, check_positive, check_positive_int, check_type, fail, is_int
+
 
 class MemoryMode(IntEnum):
     STATIC = 1
@@ -36,10 +38,17 @@ class MemoryMode(IntEnum):
 
 @dataclass(frozen=True)
 class PoolConfig:
+    """The settings of a shared pool, checked when it is made (configure_memory builds one from looser input)."""
     mode: MemoryMode
     max_gpu_mem: int          # bytes of device memory the pool may manage
     threshold: float = 0.8    # DYNAMIC/HYBRID: fill the device up to this fraction
     floor_fraction: float = 0.5  # HYBRID: share of each tenant's STATIC partition kept as its floor
+
+    def __post_init__(self):
+        check_type("mode", self.mode, MemoryMode, "a MemoryMode (configure_memory also takes 1, 2, 3 or a name)")
+        object.__setattr__(self, "max_gpu_mem", check_positive_int("max_gpu_mem", self.max_gpu_mem, unit="bytes"))
+        object.__setattr__(self, "threshold", check_fraction("threshold", self.threshold))
+        object.__setattr__(self, "floor_fraction", check_fraction("floor_fraction", self.floor_fraction))
 
     @property
     def GPU_MEM_THRESHOLD(self) -> float:  # the source material's names  # noqa: N802
@@ -52,30 +61,27 @@ class PoolConfig:
 
 def configure_memory(mode, max_gpu_mem: int, threshold: float = 0.8, floor_fraction: float = 0.5) -> PoolConfig:
     """A PoolConfig for `mode` (a MemoryMode, or 1/2/3, or "static"/"dynamic"/"hybrid")."""
+    expected = "a MemoryMode (STATIC=1, DYNAMIC=2, HYBRID=3) or its name"
+    if not isinstance(mode, (MemoryMode, str)) and not is_int(mode):
+        fail("mode", mode, expected, TypeError)
     try:
         mode = MemoryMode[mode.upper()] if isinstance(mode, str) else MemoryMode(mode)
     except (KeyError, ValueError):
-        raise ValueError(f"mode must be a MemoryMode (STATIC=1, DYNAMIC=2, HYBRID=3), got {mode!r}") from None
-    if not isinstance(max_gpu_mem, int) or isinstance(max_gpu_mem, bool) or max_gpu_mem < 1:
-        raise ValueError(f"max_gpu_mem must be a positive int (bytes), got {max_gpu_mem!r}")
-    for name, v in (("threshold", threshold), ("floor_fraction", floor_fraction)):
-        if not isinstance(v, (int, float)) or not 0 < v <= 1:
-            raise ValueError(f"{name} must be a number in (0, 1], got {v!r}")
-    return PoolConfig(mode, max_gpu_mem, float(threshold), float(floor_fraction))
+        fail("mode", mode, expected)
+    return PoolConfig(mode, max_gpu_mem, threshold, floor_fraction)
 
 
 def make_requests(steps: int, rates: list[float], kv_bytes: list[int], mean_duration: float = 20.0,
                   seed: int = 0) -> list[tuple[int, int, int, int]]:
     """Random requests (arrival step, tenant, kv bytes, duration in steps): Poisson arrivals with
     `rates[i]` requests per step for tenant i, each holding kv_bytes[i] for an exponential duration."""
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if not isinstance(mean_duration, (int, float)) or isinstance(mean_duration, bool) \
-            or not np.isfinite(mean_duration) or mean_duration <= 0:
-        raise ValueError(f"mean_duration must be a positive number of steps, got {mean_duration!r}")
-    if len(rates) != len(kv_bytes) or not rates or min(rates) < 0 or min(kv_bytes) < 1:
-        raise ValueError(f"rates ({rates!r}) and kv_bytes ({kv_bytes!r}) must be equally long, rates >= 0, "
-                         f"kv_bytes >= 1")
+    check_positive_int("steps", steps)
+    check_positive("mean_duration", mean_duration, unit="steps")
+    if not rates or len(rates) != len(kv_bytes):
+        fail("rates and kv_bytes", (rates, kv_bytes), "two non-empty lists of the same length (one per tenant)")
+    for i, (rate, size) in enumerate(zip(rates, kv_bytes)):
+        check_positive(f"rates[{i}]", rate, unit="requests per step", allow_zero=True)
+        check_positive_int(f"kv_bytes[{i}]", size, unit="bytes")
     rng = np.random.default_rng(seed)
     out = []
     for t in range(steps):
@@ -94,17 +100,23 @@ def simulate_tenants(config: PoolConfig, weight_bytes: list[int], shares: list[f
     failed (requests whose KV went to the host), fault_pages (pages of page_size bytes read from host
     memory, summed over all steps: every step, each request on the host reads its whole KV cache over the
     link), fault_s (fault_pages * page_size / link_bandwidth: seconds the link spends on them, a lower
-    bound that leaves out per-fault latency), served (requests), and per-step `used` bytes."""
-    if not isinstance(config, PoolConfig):
-        raise TypeError(f"config must be a PoolConfig (from configure_memory), got {type(config).__name__}")
-    if len(weight_bytes) != len(shares) or sum(shares) > 1 + 1e-9 or min(shares) <= 0:
-        raise ValueError(f"shares {shares!r} must be positive, one per tenant ({len(weight_bytes)}), sum <= 1")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int (bytes), got {page_size!r}")
-    if not isinstance(link_bandwidth, (int, float)) or not np.isfinite(link_bandwidth) or link_bandwidth <= 0:
-        raise ValueError(f"link_bandwidth must be a positive number (bytes/s), got {link_bandwidth!r}")
+    bound that leaves out per-fault latency), served (requests), per-step `used` bytes (all tenants) and
+    `used_by_tenant` bytes (an array [steps, tenants]: weights plus the KV caches placed on the device), and
+    `on_device`: for each request, in order, whether its KV cache got device memory (None: it arrives after
+    the last step).
+    Bounds: STATIC keeps tenant i within shares[i] * max_gpu_mem; DYNAMIC keeps the total within
+    threshold * max_gpu_mem; HYBRID keeps the total within it too, and the tenants' bytes above their
+    floors within the shared headroom threshold * max_gpu_mem - sum(floors)."""
+    check_type("config", config, PoolConfig, "a PoolConfig (from configure_memory)")
+    for i, w in enumerate(weight_bytes):
+        check_number(f"weight_bytes[{i}]", w, low=0, unit="bytes")
+    for i, share in enumerate(shares):
+        check_fraction(f"shares[{i}]", share)
+    if not shares or len(weight_bytes) != len(shares) or sum(shares) > 1 + 1e-9:
+        fail("shares", shares, f"one fraction per tenant ({len(weight_bytes)}), summing to at most 1")
+    check_positive_int("steps", steps)
+    check_positive_int("page_size", page_size, unit="bytes")
+    check_positive("link_bandwidth", link_bandwidth, unit="bytes/s")
     cap, n = config.max_gpu_mem, len(shares)
     part = [s * cap for s in shares]
     floor = [config.floor_fraction * p for p in part]
@@ -115,6 +127,9 @@ def simulate_tenants(config: PoolConfig, weight_bytes: list[int], shares: list[f
         raise ValueError(f"weights {weight_bytes} do not fit the STATIC partitions {part}")
     if sum(used) > limit:
         raise ValueError(f"weights ({sum(used):.0f} bytes) do not fit under the pool limit ({limit:.0f} bytes)")
+    if config.mode == MemoryMode.HYBRID and sum(max(u - f, 0.0) for u, f in zip(used, floor)) > limit - sum(floor):
+        raise ValueError(f"weights {weight_bytes} above the HYBRID floors {floor} do not fit the shared headroom "
+                         f"({limit - sum(floor):.0f} bytes)")
 
     def fits(i: int, b: float) -> bool:
         if config.mode == MemoryMode.STATIC:
@@ -127,23 +142,26 @@ def simulate_tenants(config: PoolConfig, weight_bytes: list[int], shares: list[f
 
     active: list[tuple[int, int, int, bool]] = []  # (end step, tenant, bytes, on device)
     by_step: dict[int, list] = {}
-    for r in requests:
-        by_step.setdefault(r[0], []).append(r)
-    series, failed, faults, served = [], 0, 0, 0
+    for index, r in enumerate(requests):
+        by_step.setdefault(r[0], []).append((index, *r))
+    on_device: list[bool | None] = [None] * len(requests)
+    series, failed, faults, served = [], 0, 0, 0  # series: device bytes of each tenant, per step
     for t in range(steps):
         for end, i, b, dev in [a for a in active if a[0] == t]:
             if dev:
                 used[i] -= b
         active = [a for a in active if a[0] > t]
-        for _, i, b, dur in by_step.get(t, []):
+        for index, _, i, b, dur in by_step.get(t, []):
             served += 1
-            dev = fits(i, b)
+            dev = on_device[index] = fits(i, b)
             used[i] += b if dev else 0
             failed += not dev
             active.append((t + dur, i, b, dev))
         faults += sum(-(-b // page_size) for _, _, b, dev in active if not dev)
-        series.append(sum(used))
-    series = np.array(series)
-    return {"mode": config.mode.name, "utilization": float(series.mean() / cap), "peak": float(series.max() / cap),
+        series.append(list(used))
+    by_tenant = np.array(series).reshape(steps, n)
+    total = by_tenant.sum(axis=1)
+    return {"mode": config.mode.name, "utilization": float(total.mean() / cap), "peak": float(total.max() / cap),
             "failed": failed, "served": served, "fault_pages": faults,
-            "fault_s": faults * page_size / link_bandwidth, "used": series}
+            "fault_s": faults * page_size / link_bandwidth, "used": total, "used_by_tenant": by_tenant,
+            "on_device": on_device}

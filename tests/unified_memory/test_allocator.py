@@ -81,4 +81,11 @@ def test_bad_input_is_named():
         a.alloc(0)
     with pytest.raises(ValueError, match="live Block"):
         a.free(Block(0, 5))
+    for call, word in ((lambda: ContiguousAllocator(10.0), "capacity"), (lambda: a.alloc("5"), "size"),
+                       (lambda: a.free((0, 5)), "block"), (lambda: fragmenting_workload([], [1]), "allocator"),
+                       (lambda: a.alloc(True), "size")):
+        with pytest.raises(TypeError, match=word):
+            call()
+    with pytest.raises(ValueError, match="free_every"):
+        fragmenting_workload(a, [1], free_every=0)
     assert a.holes == [(0, 10)]

@@ -1,23 +1,10 @@
 """Notebook 02's experiment helpers: traces have their shape, summaries agree with a hand count."""
-from collections import OrderedDict
-
 import numpy as np
 import pytest
 
 from labkit.unified_memory import explore as ux
 
-
-def lru_by_hand(trace, n_frames):
-    frames, faults = OrderedDict(), 0
-    for p in trace:
-        if p in frames:
-            frames.move_to_end(p)
-        else:
-            faults += 1
-            if len(frames) == n_frames:
-                frames.popitem(last=False)
-            frames[p] = True
-    return faults, sorted(frames)
+from .reference import lru_by_hand
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -34,8 +21,6 @@ def test_synthetic_traces():
     assert 0.85 < np.mean(hot < 100) < 0.95
     r = ux.synthetic_trace("random", 50, 1000, seed=3)
     assert r.min() >= 0 and r.max() < 50 and np.array_equal(r, ux.synthetic_trace("random", 50, 1000, seed=3))
-    with pytest.raises(ValueError, match="kind"):
-        ux.synthetic_trace("zigzag", 5, 5)
 
 
 def test_oversubscription_cliff_and_link_share():
@@ -50,7 +35,7 @@ def test_oversubscription_cliff_and_link_share():
     um = ux.replay(trace, 64, 16, repeat=2)
     share = ux.link_share(um)
     assert share["transfer_s"] + share["latency_s"] + share["device_s"] == pytest.approx(share["time_s"])
-    assert share["latency_s"] == pytest.approx(128 * um.fault_latency)
+    assert share["latency_s"] == pytest.approx(128 * um.config.fault_latency)
 
 
 def test_replay_steps_by_hand():
@@ -65,9 +50,41 @@ def test_replay_steps_by_hand():
     assert rows[1]["GB_moved"] == pytest.approx(4 * 4096 / 1e9) and um.stats.faults == 12
 
 
-def test_table_and_static_explorer(capsys):
-    text = ux.table([{"a": 1, "b": 0.123456}, {"a": 22, "b": 2.0}])
-    assert text.splitlines() == [" a      b", " 1  0.123", "22      2"]
+def test_distinct_pages():
+    rng = np.random.default_rng(1)
+    pages = rng.integers(0, 500, 2000)
+    assert ux.distinct_pages(pages) == len(set(pages.tolist())) and ux.distinct_pages([]) == 0
+    with pytest.raises(ValueError, match="page numbers >= 0"):
+        ux.distinct_pages([3, -1])
+
+
+def test_static_explorer(capsys):
     rows = ux.explorer(n_pages=64, length=500, static=True)
     assert len(rows) == 8 and "capacity_pct" in capsys.readouterr().out
     assert all(r["hits"] + r["faults"] == 500 for r in rows)
+
+
+def test_fault_batches_cut_the_latency_share():
+    # a sweep of 64 pages through 16 frames, twice: every access faults; batches of 256 pay one latency
+    # per run of faults, i.e. one for the whole replay
+    one = ux.link_share(ux.replay(np.arange(64), 64, 16, repeat=2))
+    batched = ux.link_share(ux.replay(np.arange(64), 64, 16, repeat=2, fault_batch=256))
+    assert batched["transfer_s"] == pytest.approx(one["transfer_s"])
+    assert one["latency_s"] == pytest.approx(128 * 30e-6) and batched["latency_s"] == pytest.approx(30e-6)
+    assert batched["link_utilization"] > 0.5 > 0.02 > one["link_utilization"]  # 39 us of transfer per 30 us
+
+
+def test_bad_input_is_named():
+    for call, error, word in ((lambda: ux.synthetic_trace("zigzag", 5, 5), ValueError, "kind"),
+                              (lambda: ux.synthetic_trace("random", 5.0, 5), TypeError, "n_pages"),
+                              (lambda: ux.synthetic_trace("random", 5, 0), ValueError, "length"),
+                              (lambda: ux.replay(np.arange(4), 4, 0), ValueError, "device_pages"),
+                              (lambda: ux.replay(np.arange(4), 4, 2, repeat=0), ValueError, "repeat"),
+                              (lambda: ux.replay(np.arange(5), 4, 2), ValueError, "live allocation"),
+                              (lambda: ux.replay_summary([], 2), ValueError, "trace"),
+                              (lambda: ux.oversubscription(np.arange(4), 4, [0.5], 4096, tokens=0), ValueError,
+                               "tokens"),
+                              (lambda: ux.oversubscription(np.arange(4), 4, [-0.5], 4096), ValueError, "fractions"),
+                              (lambda: ux.fresh_pool(4, 2, page_size=4096.0), TypeError, "page_size")):
+        with pytest.raises(error, match=word):
+            call()

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.unified_memory.memory_modes import MemoryMode, configure_memory, make_requests, simulate_tenants
+from labkit.unified_memory.memory_modes import MemoryMode, PoolConfig, configure_memory, make_requests, simulate_tenants
 from labkit.unified_memory import configure_memory as exported
 
 GB = 10**9
@@ -15,22 +15,53 @@ def test_configure_memory():
     assert (c.mode, c.GPU_MEM_THRESHOLD, c.MAX_GPU_MEM) == (MemoryMode.DYNAMIC, 0.8, 80 * GB)
     assert configure_memory("hybrid", 1).mode == MemoryMode.HYBRID == 3 and configure_memory(1, 1).mode == 1
     assert exported is configure_memory
-    for bad, word in (((4, 1), "mode"), ((1, 0), "max_gpu_mem"), ((1, 10, 1.5), "threshold")):
+    for bad, word in (((4, 1), "mode"), (("elastic", 1), "mode"), ((1, 0), "max_gpu_mem"), ((1, 10, 1.5), "threshold"),
+                      ((1, 10, 0.8, 0), "floor_fraction")):
         with pytest.raises(ValueError, match=word):
             configure_memory(*bad)
+    for bad, word in (((1.0, 1), "mode"), ((None, 1), "mode"), ((1, 10.0), "max_gpu_mem"),
+                      ((1, 10, "0.8"), "threshold")):
+        with pytest.raises(TypeError, match=word):
+            configure_memory(*bad)
+    with pytest.raises(TypeError, match="mode must be a MemoryMode"):  # the dataclass checks itself too
+        PoolConfig(1, 10)
+    with pytest.raises(ValueError, match="threshold"):
+        PoolConfig(MemoryMode.HYBRID, 10, threshold=0)
+    assert PoolConfig(MemoryMode.HYBRID, 10) == configure_memory("hybrid", 10)
+
+
+def recount(reqs, steps, placed_on_device, weights):
+    """Device bytes per step and tenant, recounted from the requests and where each one went."""
+    out = np.tile(np.array(weights, float), (steps, 1))
+    for (t, tenant, size, duration), on_device in zip(reqs, placed_on_device):
+        if on_device:
+            out[t:t + duration, tenant] += size
+    return out
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(list(MemoryMode)), st.floats(0.05, 1.5), st.floats(0.05, 1.5), st.integers(0, 2**16))
-def test_limits_hold(mode, rate_a, rate_b, seed):
-    cap, steps = 100 * GB, 60
+@given(st.sampled_from(list(MemoryMode)), st.floats(0.05, 1.5), st.floats(0.05, 1.5), st.integers(0, 2**16),
+       st.sampled_from([(0.5, 0.5), (0.3, 0.6), (0.7, 0.3)]))
+def test_each_tenant_stays_within_its_bound(mode, rate_a, rate_b, seed, shares):
+    cap, steps, weights = 100 * GB, 60, [20 * GB, 10 * GB]
     reqs = make_requests(steps, [rate_a, rate_b], [3 * GB, 2 * GB], mean_duration=8, seed=seed)
-    r = simulate_tenants(configure_memory(mode, cap), [20 * GB, 10 * GB], [0.5, 0.5], reqs, steps)
-    limit = cap if mode == MemoryMode.STATIC else 0.8 * cap
-    assert r["used"].max() <= limit + 1 and r["peak"] <= limit / cap + 1e-9
+    cfg = configure_memory(mode, cap)
+    r = simulate_tenants(cfg, weights, list(shares), reqs, steps)
+    by_tenant = r["used_by_tenant"]
+    assert by_tenant.shape == (steps, 2) and np.allclose(by_tenant.sum(axis=1), r["used"])
     assert r["served"] == len(reqs) and 0 <= r["failed"] <= r["served"]
-    if mode == MemoryMode.STATIC:  # tenant A alone never exceeds its half: 20 GB weights + 10 requests of 3 GB
-        assert r["used"].max() <= 50 * GB + 50 * GB
+    assert (by_tenant >= np.array(weights)).all()  # weights always stay on the device
+    if mode == MemoryMode.STATIC:  # each tenant within its own partition, whatever the other one does
+        assert (by_tenant <= np.array(shares) * cap + 1).all()
+    else:  # the pool fills at most threshold * max_gpu_mem
+        assert (r["used"] <= cfg.threshold * cap + 1).all() and r["peak"] <= cfg.threshold + 1e-9
+    if mode == MemoryMode.HYBRID:  # above its floor a tenant draws on the shared headroom, which all share
+        floors = cfg.floor_fraction * np.array(shares) * cap
+        headroom = cfg.threshold * cap - floors.sum()
+        assert (np.maximum(by_tenant - floors, 0).sum(axis=1) <= headroom + 1).all()
+    # the series is a recount: every request placed on the device holds its bytes for its duration
+    assert np.array_equal(by_tenant, recount(reqs, steps, r["on_device"], weights))
+    assert r["on_device"].count(False) == r["failed"] and None not in r["on_device"]
 
 
 def test_hand_counted_example():
@@ -96,4 +127,16 @@ def test_bad_input():
         simulate_tenants(cfg, [1], [1.0], [], 2, page_size=0)
     with pytest.raises(ValueError, match="link_bandwidth"):
         simulate_tenants(cfg, [1], [1.0], [], 2, link_bandwidth=-1.0)
+    with pytest.raises(TypeError, match="steps must be a positive int"):
+        simulate_tenants(cfg, [1], [1.0], [], 2.0)
+    with pytest.raises(TypeError, match=r"shares\[0\]"):
+        simulate_tenants(cfg, [1], ["1"], [], 2)
+    with pytest.raises(ValueError, match="shared headroom"):  # HYBRID: 4 bytes above the floor of 2.5, headroom 3
+        simulate_tenants(configure_memory("hybrid", 10), [6.5, 1], [0.5, 0.5], [], 2)
+    with pytest.raises(TypeError, match=r"kv_bytes\[1\]"):
+        make_requests(5, [1.0, 1.0], [1, 2.5])
+    with pytest.raises(ValueError, match="one per tenant"):
+        make_requests(5, [1.0, 1.0], [1])
+    with pytest.raises(ValueError, match=r"rates\[0\]"):
+        make_requests(5, [-1.0], [1])
     assert simulate_tenants(cfg, [1], [1.0], [(0, 0, 2, 1)], 2)["served"] == 1  # still usable
