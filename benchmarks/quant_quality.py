@@ -1,17 +1,19 @@
-"""TinyLM quality after quantization on a larger evaluation than notebook 03 can afford (issue 4).
+"""TinyLM quality after quantization on a larger evaluation than notebook 03 can afford (issues 4 and 10).
 
     python benchmarks/quant_quality.py
 
 Perplexity on 64 KiB of the test split and exact-match accuracy on 200 test tasks per kind, for the
 notebook's precision settings (labkit.quant.SETTINGS, the same list notebook 03 sweeps, with the same
-paired retention interval, labkit.quant.quality), the one-type-at-a-time INT4 sensitivity, and GPTQ vs
-round-to-nearest. Deterministic (no timings); takes a few minutes on 2 cores. Copy the output into
+paired retention interval, labkit.quant.quality), the one-type-at-a-time INT4 sensitivity on the whole text
+and on 8 pieces of 8 KiB (the noise between texts), the notebook's fact-check verdicts computed from these
+numbers (labkit.quant.factcheck), and GPTQ vs round-to-nearest. Deterministic (no timings; the sweep, the
+sensitivity and GPTQ run on one thread, as in the notebook); takes a few minutes on 2 cores. Copy the output into
 benchmarks/RESULTS.md.
 """
 
 import torch
 
-from labkit.quant import SETTINGS, gptq, quality, quantize_model
+from labkit.quant import SETTINGS, factcheck, gptq, quality, quantize_model
 from labkit.tinylm import TASK_KINDS, corpus, load_pretrained, perplexity
 
 TYPES = ("embedding", "attention", "mlp")
@@ -33,10 +35,12 @@ def main() -> None:
               f"| {kinds} | {r['correct']} / {len(tasks)} | {r['gained']} / {r['lost']} "
               f"| {r['retained']:.1%} ({r['low']:.1%}-{r['high']:.1%}) |", flush=True)
     print()
-    for kind in TYPES:
-        ppl = perplexity(quantize_model(model, {kind: "int4"}, 32, "asym")[0], val)
-        print(f"only {kind} in INT4 asym g32: perplexity {ppl:.4f} ({ppl - base['ppl']:+.4f})", flush=True)
+    sens = quality.sensitivity(model, val, TYPES, n_pieces=8)
+    print("\n".join(quality.sensitivity_lines(sens)), flush=True)
     print()
+    for check in (factcheck.compression(results), factcheck.retention(results),
+                  factcheck.mixed_precision(results, sens, tied=model.cfg.tie_embeddings)):
+        check.show()
     cal = torch.tensor(list(corpus.corpus("train", 8 * 256, seed=0))).view(8, 256)
     policy = {"attention": "int4", "mlp": "int4"}
     for group, scheme in GPTQ_SETTINGS:

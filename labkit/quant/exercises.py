@@ -7,6 +7,10 @@ The notebook's check cells and tests/quant/test_exercises.py both use them:
     PACK              pack(codes) -> bytes and unpack(bytes) -> codes, checked together through
                       pack_round_trip(pack, unpack)                           (section 4)
     QUANTIZED_LINEAR  quantized_linear(x, q) = x @ w_hat.T, tile by tile      (section 8)
+
+The two-function exercises compare a dict of named values, so that a [FAIL] line names the one that
+differs ("['zero'] = dtype float32, expected int32"); integer answers must come in the dtype the prompt
+asks for (int8 codes, int32 zero points, uint8 bytes: labkit.course.check.same).
 """
 
 from __future__ import annotations
@@ -36,17 +40,31 @@ def _named(fn: Callable, name: str) -> Callable:
 
 # --- exercise 1: asymmetric quantize and dequantize ---------------------------------------------------
 
-def asym_reference(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, dequantized weights) of labkit.quant.quantize(w, bits, "asym", group_size)."""
+DEQUANTIZED = "asym_dequantize(codes, scale, zero)"
+
+
+def asym_reference(w: torch.Tensor, bits: int, group_size: int) -> dict[str, torch.Tensor]:
+    """What the check compares: labkit.quant.quantize(w, bits, "asym", group_size)'s codes (int8), scale
+    and zero point (int32), and its dequantized weights."""
     q = quantize(w, bits, "asym", group_size)
-    return q.codes, q.dequantize()
+    return {"codes": q.codes, "scale": q.scale, "zero": q.zero, DEQUANTIZED: q.dequantize()}
+
+
+def _kind(value) -> str:
+    return f"a tuple of {len(value)}" if isinstance(value, tuple) else type(value).__name__
 
 
 def asym_round_trip(asym_quantize: Callable, asym_dequantize: Callable) -> Callable:
-    """The learner's two functions as one (w, bits, group_size) -> (codes, dequantized), as checked."""
+    """The learner's two functions as one (w, bits, group_size) -> {codes, scale, zero, dequantized}, as
+    checked. asym_dequantize gets the reference's codes, scale and zero, so that each function is judged
+    on its own."""
     def round_trip(w, bits, group_size):
-        codes, scale, zero = asym_quantize(w, bits, group_size)
-        return codes, asym_dequantize(codes, scale, zero)
+        out = asym_quantize(w, bits, group_size)
+        if not isinstance(out, tuple) or len(out) != 3:
+            raise TypeError(f"asym_quantize must return a tuple (codes, scale, zero), got {_kind(out)}")
+        q = quantize(w, bits, "asym", group_size)
+        return {"codes": out[0], "scale": out[1], "zero": out[2],
+                DEQUANTIZED: asym_dequantize(q.codes, q.scale, q.zero)}
     return _named(round_trip, "asym_quantize + asym_dequantize")
 
 
@@ -63,16 +81,18 @@ ASYM_QUANTIZE = Exercise("asym_quantize + asym_dequantize", asym_reference, case
 
 # --- exercise 2: pack and unpack ------------------------------------------------------------------------
 
-def pack_reference(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed bytes, unpacked codes) with labkit.quant.pack_int4 / unpack_int4, adjacent pairs."""
+def pack_reference(codes: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the check compares: labkit.quant.pack_int4(codes) (uint8, adjacent pairs, low nibble first)
+    and unpack_int4 of those bytes (int8, 1-D)."""
     packed = pack_int4(codes)
-    return packed, unpack_int4(packed, codes.numel())
+    return {"pack(codes)": packed, "unpack(bytes)": unpack_int4(packed, codes.numel())}
 
 
 def pack_round_trip(pack: Callable, unpack: Callable) -> Callable:
-    """The learner's two functions as one codes -> (pack(codes), unpack(pack(codes))), as checked."""
+    """The learner's two functions as one codes -> {pack(codes), unpack(bytes)}, as checked; unpack gets the
+    reference's bytes, so that each function is judged on its own."""
     def round_trip(codes):
-        return pack(codes), unpack(pack(codes))
+        return {"pack(codes)": pack(codes), "unpack(bytes)": unpack(pack_int4(codes))}
     return _named(round_trip, "pack + unpack")
 
 
@@ -81,9 +101,11 @@ def random_codes(rng: Rng) -> tuple[torch.Tensor]:
     return (torch.randint(-8, 8, (2 * (1 + rng.below(40)),), generator=_seeded(rng), dtype=torch.int8),)
 
 
+# short cases first, so that a [FAIL] line shows their values: the first tells the nibble order apart
 PACK = Exercise("pack + unpack", pack_reference,
-                cases=[(torch.arange(32, dtype=torch.int8) % 16 - 8,),
-                       (torch.tensor([[-8, 7], [0, -1]], dtype=torch.int8),)],
+                cases=[(torch.tensor([-8, 7, 0, -1], dtype=torch.int8),),
+                       (torch.tensor([[-8, 7], [0, -1]], dtype=torch.int8),),
+                       (torch.arange(32, dtype=torch.int8) % 16 - 8,)],
                 random_case=random_codes, rtol=0.0, atol=0.0)
 
 
@@ -102,6 +124,11 @@ def random_layer(rng: Rng) -> tuple[torch.Tensor, QTensor]:
     return torch.randn(1 + rng.below(3), group * groups, generator=gen), quantize(w, 4, "asym", group)
 
 
-_LAYER = quantize(torch.randn(16, 64, generator=torch.Generator().manual_seed(3)), 4, "asym", 32)
-QUANTIZED_LINEAR = Exercise("quantized_linear", quantized_linear_reference, cases=[(torch.ones(2, 64), _LAYER)],
+_GEN = torch.Generator().manual_seed(3)
+# groups of 32 in tiles of 32; then groups of 16, which a tile of 32 spans two of, and 48 inputs: a last,
+# shorter tile
+QUANTIZED_LINEAR = Exercise("quantized_linear", quantized_linear_reference,
+                            cases=[(torch.ones(2, 64), quantize(torch.randn(16, 64, generator=_GEN), 4, "asym", 32)),
+                                   (torch.randn(3, 48, generator=_GEN),
+                                    quantize(torch.randn(8, 48, generator=_GEN), 4, "asym", 16))],
                             random_case=random_layer, rtol=1e-5, atol=1e-5)

@@ -4,6 +4,9 @@
                               its quantization grid, and the round-trip error of the whole matrix
     explorer(w, static=True)  the same figure for fixed settings, plus the error table of every setting
     pooled_sqnr_db(ws, ...)   one SQNR for several matrices quantized alike (section 2, by layer type)
+    plot_quality(results)     perplexity against bits per weight for a quality.sweep (section 6)
+    plot_matmuls(run, ...)    the INT4 matmul run of labkit.quant.speed on this machine's rooflines (section 8)
+    label_points(ax, points)  labels that do not overlap each other or the points (both plots use it)
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ import math
 
 import torch
 
-from .._checks import check_bool, check_int, fail
+from .._checks import check_bool, check_int, check_positive, check_type, fail
+from ..memory_wall import roofline
 from .qtensor import BITS, check_bits, check_group_size, check_weight, quant_error, quantize
+from .speed import CASES, FP32_1, INT4_1, ROOF, ROOF_1, MatmulRun
 
 GROUPS = (32, 64, 128, "channel", "tensor")
 
@@ -126,6 +131,89 @@ def explorer(w: torch.Tensor, static: bool = False):
         plot_group(w, bits, scheme, group_size)
         plt.show()
 
-    return widgets.interactive(show, bits=widgets.Dropdown(options=list(BITS), value=4),
-                               scheme=widgets.ToggleButtons(options=["sym", "asym"], value="asym"),
-                               group_size=widgets.Dropdown(options=groups, value=groups[0]))
+    wide = {"description_width": "initial"}  # the whole label: "group_size", not "group_si..."
+    return widgets.interactive(show, bits=widgets.Dropdown(options=list(BITS), value=4, style=wide),
+                               scheme=widgets.ToggleButtons(options=["sym", "asym"], value="asym", style=wide),
+                               group_size=widgets.Dropdown(options=groups, value=groups[0], style=wide))
+
+
+# offsets (points) tried in turn for a label, right of its point first; then further up and down
+_OFFSETS = [(5, 2), (5, -9), (-5, 2), (-5, -9)] + [(8, dy) for k in range(1, 8) for dy in (11 * k + 2, -11 * k - 9)]
+
+
+def _overlaps(box, boxes) -> bool:
+    return any(box.overlaps(b) for b in boxes)
+
+
+def label_points(ax, points, fontsize: int = 7) -> list:
+    """Annotate (label, x, y) points of `ax` so that no label overlaps another label or a point: each label
+    takes the first of several offsets that is free (with a leader line when it is not beside its point).
+    Returns the annotations, in the order of `points`."""
+    if isinstance(points, str) or not all(isinstance(p, (tuple, list)) and len(p) == 3 for p in points):
+        fail("points", points, "a list of (label, x, y) triples", TypeError)
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    taken = [ax.transData.transform((x, y)) for _, x, y in points]
+    taken = [Bbox.from_bounds(px - 3, py - 3, 6, 6) for px, py in taken]
+    placed = []
+    for label, x, y in points:
+        for i, (dx, dy) in enumerate(_OFFSETS):
+            ann = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                              ha="left" if dx > 0 else "right",
+                              arrowprops=None if i < 4 else {"arrowstyle": "-", "color": "0.6", "lw": 0.5})
+            ann.update_positions(renderer)
+            box = Text.get_window_extent(ann, renderer)  # the text alone, without its leader line
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not _overlaps(box, taken):
+                break
+            if i < len(_OFFSETS) - 1:
+                ann.remove()
+        taken.append(box)
+        placed.append(ann)
+    return placed
+
+
+def plot_quality(results: dict, ax=None):
+    """Test perplexity against bits per weight (scales included, log scale) for each setting of a
+    quality.sweep, labelled without overlaps. Returns the Axes."""
+    import matplotlib.pyplot as plt
+
+    check_type("results", results, dict, "a dict from quality.sweep")
+    if not results:
+        fail("results", results, "a non-empty dict from quality.sweep")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.2))
+    bpw, ppl = [r["bpw"] for r in results.values()], [r["ppl"] for r in results.values()]
+    ax.scatter(bpw, ppl, s=14, zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(min(bpw) / 1.15, max(bpw) * 2.2)  # room on the right for the labels of FP32 and BF16
+    pad = (max(ppl) - min(ppl)) * 0.08
+    ax.set_ylim(min(ppl) - pad, max(ppl) + pad)
+    ax.set_xlabel("bits per weight (scales included)")
+    ax.set_ylabel("test perplexity")
+    ax.set_title("TinyLM after quantization: lower left is better", fontsize=9)
+    label_points(ax, [(name.split(":")[0], b, p) for name, b, p in zip(results, bpw, ppl)])
+    return ax
+
+
+def plot_matmuls(run: MatmulRun, peak_all: float, peak_one: float, ax=None):
+    """The cases of a speed.MatmulRun on two rooflines of this machine: all threads (the roof measured
+    with them, FP32 matmul peak `peak_all` FLOP/s) and one thread (`peak_one`). Returns the Axes."""
+    check_type("run", run, MatmulRun, "a labkit.quant.speed.MatmulRun")
+    peak_all, peak_one = check_positive("peak_all", peak_all, "FLOP/s"), check_positive("peak_one", peak_one, "FLOP/s")
+    ceilings = [(f"{run.threads} threads: {run.bytes_per_s(ROOF) / 1e9:.0f} GB/s, {peak_all / 1e9:.0f} GFLOP/s",
+                 peak_all, run.bytes_per_s(ROOF)),
+                (f"1 thread: {run.bytes_per_s(ROOF_1) / 1e9:.0f} GB/s, {peak_one / 1e9:.0f} GFLOP/s",
+                 peak_one, run.bytes_per_s(ROOF_1))]
+    ax = roofline.plot_roofline(ceilings, [], ax=ax, intensity_range=(0.1, 100.0))
+    points = [(c, run.intensity(c), run.flops_per_s(c)) for c in CASES]
+    for c, x, y in points:
+        ax.loglog([x], [y], "s" if c in (FP32_1, INT4_1) else "o", color="tab:red" if "INT4" in c else "tab:gray")
+    label_points(ax, points)
+    ax.set_title(f"batch-1 matmuls {run.n}x{run.k} on this machine (squares: 1 thread)", fontsize=9)
+    return ax

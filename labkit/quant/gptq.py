@@ -25,6 +25,7 @@ import torch.nn as nn
 from .._checks import check_number, check_type, fail
 from ..tinylm import LAYER_TYPES, iter_linears
 from .qtensor import QTensor, check_bits, check_group_size, check_scheme, check_weight, quantize
+from .threads import torch_threads
 
 GPTQ_TYPES = tuple(t for t in LAYER_TYPES if t != "embedding")  # the matmuls (the embedding is a lookup)
 
@@ -118,17 +119,20 @@ def gptq_quantize(weight: torch.Tensor, x: torch.Tensor, bits: int = 4, group_si
 
 
 def gptq(model: nn.Module, tokens: torch.Tensor, bits: int = 4, group_size: int | str = 32,
-         scheme: str = "asym", types: tuple[str, ...] = ("attention", "mlp"), damp: float = 0.01
-         ) -> dict[str, QTensor]:
+         scheme: str = "asym", types: tuple[str, ...] = ("attention", "mlp"), damp: float = 0.01,
+         threads: int | None = 1) -> dict[str, QTensor]:
     """{layer path: QTensor} for every linear layer of the given types, quantized by GPTQ from the
     activations of the unquantized model on calibration `tokens` [batch, time]. Pass them to
-    labkit.quant.quantize_model(..., qtensors=...)."""
+    labkit.quant.quantize_model(..., qtensors=...). Runs on `threads` torch threads (None: as many as
+    torch uses now): its column loop is many tiny operations, which a second thread only slows when
+    another program shares the cores (labkit.quant.threads); the codes are the same on any count."""
     _check_settings(bits, group_size, scheme, damp)
     layers = list(iter_linears(model, _check_types(types)))
     for entry, module in layers:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"model's {entry.path} must be an nn.Linear, got {type(module).__name__}: "
                             f"GPTQ starts from the floating-point model")
-    inputs = collect_inputs(model, tokens, types)
-    return {entry.path: gptq_quantize(module.weight, inputs[entry.path], bits, group_size, scheme, damp)
-            for entry, module in layers}
+    with torch_threads(threads, "threads"):
+        inputs = collect_inputs(model, tokens, types)
+        return {entry.path: gptq_quantize(module.weight, inputs[entry.path], bits, group_size, scheme, damp)
+                for entry, module in layers}

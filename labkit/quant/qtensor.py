@@ -136,6 +136,14 @@ class QTensor:
         else:
             _check_tensor("zero", self.zero, "an integer", lambda t: not t.is_floating_point(), (rows, groups))
 
+    def __repr__(self) -> str:
+        """Settings, shapes and dtypes, never the tensors' values (notebook 03's [FAIL] lines show it)."""
+        def kind(t: torch.Tensor) -> str:
+            return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+        zero = "no zero point" if self.zero is None else f"zero {kind(self.zero)}"
+        return (f"QTensor({self.bits}-bit {self.scheme}, group_size={self.group_size!r}, codes {kind(self.codes)}, "
+                f"scale {kind(self.scale)}, {zero})")
+
     @property
     def group_len(self) -> int:
         """Number of weights that share one scale."""

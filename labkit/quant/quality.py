@@ -9,6 +9,11 @@ the baseline's right answers) is judged from the tasks that flip, a paired compa
 
 (a normal approximation to McNemar's paired test: under "no change", gained - lost has variance about
 gained + lost). A claimed retention is "reached" only if the whole interval is at or above it.
+
+    sweep        quantize with each Setting, evaluate, retention against the first (one thread, a progress bar)
+    table        the sweep's results as the notebook prints them
+    sensitivity  one layer type at a time in INT4: perplexity increase on the whole text and on pieces of it
+                 (the pieces show how much the figure moves from one text to another)
 """
 
 from __future__ import annotations
@@ -19,9 +24,14 @@ from typing import Sequence
 
 import torch.nn as nn
 
-from .._checks import check_positive, check_positive_int, fail
+from tqdm.auto import tqdm
+
+from .._checks import check_bool, check_positive, check_positive_int, check_type, fail
 from ..tinylm import TASK_KINDS, Task, make_tasks, perplexity, task_correct
-from .policy import SETTINGS, Setting
+from .policy import SETTINGS, Setting, quantize_model
+from .threads import torch_threads
+
+SHORT = {"arithmetic": "arith"}  # column headers of table()
 
 
 @dataclass(frozen=True)
@@ -89,23 +99,112 @@ def evaluate(model: nn.Module, tasks: list[Task], text, batch_size: int = 32) ->
 
 
 def sweep(model: nn.Module, tasks: list[Task], text, settings: Sequence[Setting] = SETTINGS,
-          batch_size: int = 32) -> dict[str, dict]:
+          batch_size: int = 32, threads: int | None = 1, progress: bool = False) -> dict[str, dict]:
     """Quantize `model` with each setting and evaluate it; the first setting is the baseline of the
-    retention. Returns {name: evaluate(...) + "KiB", "bpw", "ratio" (vs FP32), "retention" (a Retention)
-    and its "gained", "lost", "retained", "low", "high"}."""
+    retention. Runs on `threads` torch threads (None: as many as torch uses now; the results do not depend
+    on it, and one thread is the steadiest on a busy laptop: labkit.quant.threads), with a progress bar
+    per setting if `progress`. Returns {name: evaluate(...) + "KiB", "bpw", "ratio" (vs FP32),
+    "retention" (a Retention) and its "gained", "lost", "retained", "low", "high"}."""
     settings = tuple(settings)
     if not settings or not all(isinstance(s, Setting) for s in settings):
         fail("settings", settings, "a non-empty sequence of labkit.quant.Setting", TypeError)
     names = [s.name for s in settings]
     if len(set(names)) != len(names):
         fail("settings", names, "settings with distinct names")
+    check_bool("progress", progress)
     results = {}
-    for s in settings:
-        qmodel, report = s.apply(model)
-        results[s.name] = {**evaluate(qmodel, tasks, text, batch_size), "KiB": report["bytes"] / 2**10,
-                           "bpw": report["bits_per_weight"], "ratio": report["compression"]}
+    with torch_threads(threads, "threads"), tqdm(settings, desc="settings", disable=not progress) as bar:
+        for s in bar:
+            bar.set_postfix_str(s.name)
+            qmodel, report = s.apply(model)
+            results[s.name] = {**evaluate(qmodel, tasks, text, batch_size), "KiB": report["bytes"] / 2**10,
+                               "bpw": report["bits_per_weight"], "ratio": report["compression"]}
     base = results[names[0]]["ok"]
     for r in results.values():
         k = retention(r["ok"], base)
         r.update(retention=k, gained=k.gained, lost=k.lost, retained=k.retained, low=k.low, high=k.high)
     return results
+
+
+def table(results: dict[str, dict]) -> list[str]:
+    """The lines notebook 03 prints for a sweep: memory, bits per weight, compression, perplexity, accuracy
+    per task kind, tasks gained / lost and the retention with its interval; then what one task is worth."""
+    check_type("results", results, dict, "a dict from quality.sweep")
+    if not results:
+        fail("results", results, "a non-empty dict from quality.sweep")
+    kinds = [k for k in TASK_KINDS if k in next(iter(results.values()))]
+    width = max(len(n) for n in results) + 2
+    lines = [f"{'':<{width}}{'KiB':>6}{'bits/w':>7}{'vs FP32':>8}{'ppl':>8}"
+             + "".join(f"{SHORT.get(k, k)[:6]:>7}" for k in kinds) + f"{'+/-':>7}{'retained (95%)':>23}"]
+    for name, r in results.items():
+        lines.append(f"{name:<{width}}{r['KiB']:>6.0f}{r['bpw']:>7.2f}{r['ratio']:>7.1f}x{r['ppl']:>8.4f}"
+                     + "".join(f"{r[k]:>7.0%}" for k in kinds) + f"{r['gained']:>4}/{r['lost']:<2}"
+                     f"{r['retained']:>8.1%} ({r['low']:.1%}-{r['high']:.1%})")
+    base = next(iter(results.values()))
+    lines.append(f"the first row answers {base['correct']} of {len(base['ok'])} tasks: one task is "
+                 f"{1 / base['correct']:.2%} of retention")
+    return lines
+
+
+def split_text(text, n: int) -> list:
+    """`text` (bytes or 1-D token ids) cut into `n` consecutive pieces of equal length (a remainder shorter
+    than n is dropped), for measuring how much a perplexity moves from one text to another."""
+    if not isinstance(text, (bytes, bytearray)) and not (hasattr(text, "dim") and text.dim() == 1):
+        fail("text", type(text).__name__, "bytes or a 1-D tensor of token ids", TypeError)
+    check_positive_int("n", n)
+    size = len(text) // n
+    if size < 2:
+        fail("n", n, f"at most {len(text) // 2} for a text of {len(text)} tokens (2 tokens per piece)")
+    return [text[i * size:(i + 1) * size] for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Perplexity increase when only one layer type is quantized: on the whole text (`delta`) and on each
+    piece of it (`piece_deltas`); `share` is that type's fraction of all the model's weights."""
+    kind: str
+    precision: str
+    share: float
+    delta: float
+    piece_deltas: tuple[float, ...]
+
+    @property
+    def per_weight(self) -> float:
+        """delta / share: the increase scaled to all the weights, to compare types of different sizes."""
+        return self.delta / self.share
+
+    @property
+    def piece_per_weight(self) -> tuple[float, ...]:
+        return tuple(d / self.share for d in self.piece_deltas)
+
+
+def sensitivity(model: nn.Module, text, kinds: Sequence[str] = ("embedding", "attention", "mlp"), n_pieces: int = 4,
+                precision: str = "int4", group_size: int | str = 32, scheme: str = "asym",
+                threads: int | None = 1) -> dict[str, Sensitivity]:
+    """For each layer type in `kinds`: quantize only that type (to `precision`, the rest stays FP32) and measure
+    the perplexity increase over `model` on `text` and on its `n_pieces` pieces (split_text). Notebook 03,
+    section 6, and benchmarks/quant_quality.py."""
+    if isinstance(kinds, str) or not kinds:
+        fail("kinds", kinds, "a non-empty sequence of layer types", TypeError)
+    pieces = split_text(text, n_pieces)
+    out = {}
+    with torch_threads(threads, "threads"):
+        base, base_pieces = perplexity(model, text), [perplexity(model, p) for p in pieces]
+        for kind in kinds:
+            qmodel, report = quantize_model(model, {kind: precision}, group_size, scheme)
+            params = sum(r["params"] for r in report["layers"])
+            share = sum(r["params"] for r in report["layers"] if r["type"] == kind) / params
+            if share == 0:
+                fail("kinds", list(kinds), f"layer types this model has ({kind!r} has no weights of its own)")
+            deltas = tuple(perplexity(qmodel, p) - b for p, b in zip(pieces, base_pieces))
+            out[kind] = Sensitivity(kind, precision, share, perplexity(qmodel, text) - base, deltas)
+    return out
+
+
+def sensitivity_lines(sens: dict[str, Sensitivity]) -> list[str]:
+    """One line per layer type: its share, the perplexity increase, and that increase per weight on the
+    whole text and on each piece."""
+    check_type("sens", sens, dict, "a dict from quality.sensitivity")
+    return [f"only {s.kind:<10} in {s.precision.upper()} ({s.share:4.0%} of the weights): perplexity {s.delta:+.4f}, "
+            f"{s.per_weight:+.4f} per weight; on each piece " + " ".join(f"{v:+.4f}" for v in s.piece_per_weight)
+            for s in sens.values()]

@@ -7,8 +7,9 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from labkit.course import Timing  # noqa: E402
 from labkit.quant import explore as qw  # noqa: E402
-from labkit.quant import quantize  # noqa: E402
+from labkit.quant import quantize, speed  # noqa: E402
 
 
 def test_grid_levels_are_what_dequantize_can_produce():
@@ -37,6 +38,7 @@ def test_explorer_widget_and_static_fallback(capsys):
     pytest.importorskip("ipywidgets")
     widget = qw.explorer(w)
     assert [c.description for c in widget.children[:3]] == ["bits", "scheme", "group_size"]
+    assert all(c.style.description_width == "initial" for c in widget.children[:3])  # labels are never cut
 
 
 def test_pooled_sqnr_sums_noise_and_signal_over_the_matrices():
@@ -65,3 +67,74 @@ def test_bad_input_is_refused_before_any_figure():
         qw.error_table(w, bits_list=(4.0,))
     with pytest.raises(TypeError, match="static must be True or False"):
         qw.explorer(w, static="yes")
+
+
+def label_boxes(ax):
+    ax.figure.canvas.draw()
+    renderer = ax.figure.canvas.get_renderer()
+    from matplotlib.text import Text
+
+    for t in ax.texts:
+        t.update_positions(renderer)
+    return [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text alone, without its leader line
+
+
+def no_overlaps(boxes):
+    return not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_labels_of_crowded_points_do_not_overlap():
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots()
+    points = [(f"setting number {i}", 8 + 0.05 * i, 3.57 + 0.0001 * i) for i in range(6)] + [("far", 4, 3.62)]
+    ax.scatter([p[1] for p in points], [p[2] for p in points])
+    ax.set_xlim(3, 20)
+    ax.set_ylim(3.55, 3.63)
+    anns = qw.label_points(ax, points)
+    assert [a.get_text() for a in anns] == [p[0] for p in points]
+    assert no_overlaps(label_boxes(ax))
+    with pytest.raises(TypeError, match="points must be a list of \\(label, x, y\\) triples"):
+        qw.label_points(ax, [("a", 1)])
+    plt.close("all")
+
+
+def sweep_row(bpw, ppl):
+    return {"bpw": bpw, "ppl": ppl}
+
+
+def test_plot_quality_labels_every_setting_apart():
+    import matplotlib.pyplot as plt
+
+    # notebook 03's settings: three near 8 bits at almost the same perplexity, six INT4 ones near 4-5 bits
+    results = {"FP32": sweep_row(32.0, 3.5725), "BF16": sweep_row(16.02, 3.5726),
+               "INT8 asym g32": sweep_row(9.03, 3.5726),
+               "INT8 sym channel": sweep_row(8.14, 3.5724), "INT4 sym g32": sweep_row(4.54, 3.5975),
+               "INT4 sym channel": sweep_row(4.14, 3.618), "INT4 asym g32": sweep_row(5.04, 3.5908),
+               "INT4 asym g64": sweep_row(4.54, 3.5839), "INT4 asym g128": sweep_row(4.29, 3.5891),
+               "INT4 asym channel": sweep_row(4.25, 3.593), "INT4 asym g32, emb INT8": sweep_row(5.2, 3.5751),
+               "mixed: attn FP16, MLP INT4 g32, emb INT8": sweep_row(7.83, 3.5744)}
+    ax = qw.plot_quality(results)
+    assert [t.get_text() for t in ax.texts] == [n.split(":")[0] for n in results]
+    assert no_overlaps(label_boxes(ax))
+    np_points = ax.collections[0].get_offsets()
+    assert [tuple(p) for p in np_points.tolist()] == [(r["bpw"], r["ppl"]) for r in results.values()]
+    plt.close("all")
+
+
+def test_plot_matmuls_draws_both_roofs_and_every_case():
+    import matplotlib.pyplot as plt
+
+    ms = {"FP32": 21.2, "BF16": 11.5, "INT4": 2.2, "FP32 on 1 thread": 21.1, "INT4 on 1 thread": 4.2, "roof": 3.5,
+          "roof on 1 thread": 6.25}
+    n = 4096 * 4096
+    run = speed.MatmulRun({k: Timing((v / 1e3,)) for k, v in ms.items()},
+                          {"FP32": 4 * n, "BF16": 2 * n, "INT4": 10_485_760, "FP32 on 1 thread": 4 * n,
+                           "INT4 on 1 thread": 10_485_760})
+    ax = qw.plot_matmuls(run, 3e11, 1.5e11)
+    assert [line.get_label() for line in ax.get_legend().get_lines()] == [
+        "2 threads: 77 GB/s, 300 GFLOP/s", "1 thread: 43 GB/s, 150 GFLOP/s"]
+    assert [t.get_text() for t in ax.texts] == list(speed.CASES) and no_overlaps(label_boxes(ax))
+    with pytest.raises(ValueError, match="peak_one must be a positive finite number"):
+        qw.plot_matmuls(run, 3e11, 0)
+    plt.close("all")

@@ -53,6 +53,12 @@ def test_model_level_gptq_and_inputs(pretrained):
     for name, q in qts.items():
         w = model.get_submodule(name).weight
         assert q.codes.shape == w.shape and q.scale.shape == (w.shape[0], w.shape[1] // 32)
+    threads = torch.get_num_threads()
+    every = calibrate.gptq(model, tokens, 4, 32, "asym", types=("mlp",), threads=None)  # one thread by default
+    assert all(torch.equal(every[k].codes, q.codes) and torch.equal(every[k].scale, q.scale) for k, q in qts.items())
+    assert torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match="threads must be a positive int, got 0"):
+        calibrate.gptq(model, tokens, types=("mlp",), threads=0)
 
 
 def test_an_untied_head_can_be_calibrated_too():

@@ -270,3 +270,11 @@ def test_the_shared_setting_checks_follow_the_rule(check, good, bad_type, bad_va
         check(bad_type)
     with pytest.raises(ValueError):
         check(bad_value)
+
+
+def test_repr_names_settings_shapes_and_dtypes_never_values():
+    q = quant.quantize(torch.randn(16, 64, generator=torch.Generator().manual_seed(0)), 4, "asym", 32)
+    assert repr(q) == ("QTensor(4-bit asym, group_size=32, codes [16, 64] int8, scale [16, 2] float32, "
+                       "zero [16, 2] int32)")
+    assert repr(quant.quantize(torch.ones(4, 8), 8, "sym", "channel")) == (
+        "QTensor(8-bit sym, group_size='channel', codes [4, 8] int8, scale [4, 1] float32, no zero point)")

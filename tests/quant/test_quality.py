@@ -98,3 +98,63 @@ def test_evaluate_and_sweep_agree_with_direct_calls(pretrained):
         quality.sweep(model, tasks, text, ())
     with pytest.raises(TypeError, match="tasks must be a non-empty list"):
         quality.evaluate(model, "tasks", text)
+
+
+def test_the_sweep_gives_the_same_answers_on_one_thread_and_all(pretrained):
+    model, _ = pretrained
+    tasks, text = quality.quality_tasks(per_kind=8), corpus.corpus("test", n_bytes=1024, seed=0)
+    settings_ = (SETTINGS[0], SETTINGS[6])
+    one = quality.sweep(model, tasks, text, settings_)  # threads=1 by default
+    every = quality.sweep(model, tasks, text, settings_, threads=None, progress=True)
+    assert [(r["ppl"], r["ok"]) for r in one.values()] == [(r["ppl"], r["ok"]) for r in every.values()]
+    with pytest.raises(TypeError, match="progress must be True or False, got 1"):
+        quality.sweep(model, tasks, text, settings_, progress=1)
+
+
+def test_table_prints_every_setting_and_what_a_task_is_worth():
+    ok = [True] * 9 + [False]
+    lost_one = [False] + [True] * 8 + [False]
+    base = {"ppl": 3.57, "ok": ok, "correct": 9, "arithmetic": 0.5, "recall": 1.0, "copy": 1.0, "KiB": 3204.0,
+            "bpw": 32.0, "ratio": 1.0}
+    q = {**base, "ok": lost_one, "correct": 8, "KiB": 504.0, "bpw": 5.04, "ratio": 6.4, "ppl": 3.5908}
+    results = {}
+    for name, r in (("FP32", base), ("INT4 asym g32", q)):
+        k = quality.retention(r["ok"], ok)
+        results[name] = {**r, "gained": k.gained, "lost": k.lost, "retained": k.retained, "low": k.low, "high": k.high}
+    lines = quality.table(results)
+    assert lines[0].split() == ["KiB", "bits/w", "vs", "FP32", "ppl", "arith", "recall", "copy", "+/-", "retained",
+                                "(95%)"]
+    assert lines[2].split()[:10] == ["INT4", "asym", "g32", "504", "5.04", "6.4x", "3.5908", "50%", "100%", "100%"]
+    assert lines[2].split()[10:] == ["0/1", "88.9%", "(67.1%-110.7%)"]
+    assert lines[-1] == "the first row answers 9 of 10 tasks: one task is 11.11% of retention"
+    with pytest.raises(ValueError, match="results must be a non-empty dict from quality.sweep"):
+        quality.table({})
+
+
+def test_split_text_cuts_equal_consecutive_pieces():
+    text = bytes(range(10))
+    assert quality.split_text(text, 3) == [bytes([0, 1, 2]), bytes([3, 4, 5]), bytes([6, 7, 8])]
+    with pytest.raises(ValueError, match="n must be at most 5 for a text of 10 tokens"):
+        quality.split_text(text, 6)
+    with pytest.raises(TypeError, match="text must be bytes or a 1-D tensor of token ids, got 'str'"):
+        quality.split_text("abc", 1)
+
+
+def test_sensitivity_against_direct_perplexities(pretrained):
+    model, _ = pretrained
+    text = corpus.corpus("test", n_bytes=1024, seed=1)
+    sens = quality.sensitivity(model, text, kinds=("attention", "mlp"), n_pieces=2)
+    qmodel, report = quantize_model(model, {"mlp": "int4"}, 32, "asym")
+    pieces = [text[:512], text[512:]]
+    mlp = sens["mlp"]
+    assert mlp.delta == perplexity(qmodel, text) - perplexity(model, text)
+    assert mlp.piece_deltas == tuple(perplexity(qmodel, p) - perplexity(model, p) for p in pieces)
+    params = [r["params"] for r in report["layers"]]
+    assert mlp.share == sum(p for p, r in zip(params, report["layers"]) if r["type"] == "mlp") / sum(params)
+    assert mlp.per_weight == mlp.delta / mlp.share and len(mlp.piece_per_weight) == 2
+    line = quality.sensitivity_lines(sens)[1]
+    assert line.startswith(f"only mlp        in INT4 ({mlp.share:4.0%} of the weights): perplexity {mlp.delta:+.4f}")
+    with pytest.raises(ValueError, match="policy key must be one of"):
+        quality.sensitivity(model, text, kinds=("ffn",))
+    with pytest.raises(TypeError, match="kinds must be a non-empty sequence of layer types, got 'mlp'"):
+        quality.sensitivity(model, text, kinds="mlp")
