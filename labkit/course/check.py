@@ -36,10 +36,18 @@ def _short(x: Any, limit: int = 160) -> str:
     if isinstance(x, (torch.Tensor, np.ndarray)):
         kind = "tensor" if isinstance(x, torch.Tensor) else "array"
         dtype = str(x.dtype).removeprefix("torch.")
-        values = f" {x.tolist()}" if x.size == 0 or (np.prod(x.shape) if x.ndim else 1) <= 8 else ""
+        small = (int(np.prod(x.shape)) if x.ndim else 1) <= 8
+        values = f" {_rounded(x.tolist())}" if small else ""
         return f"{kind}(shape {list(x.shape)}, {dtype}){values}"
     s = repr(x)
     return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def _rounded(v):
+    """Floats at 4 significant digits, inside nested lists (a verdict line stays short and readable)."""
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
 def _exact_dtype(x) -> bool:

@@ -89,9 +89,8 @@ def test_the_notebook_solutions_pass(capsys):
 
 # --- deliberate mistakes and the [FAIL] line each one gets ------------------------------------------
 
-BY_HAND_CALL = ("[FAIL] asym_quantize + asym_dequantize(tensor(shape [1, 8], float32) [[0.05000000074505806, "
-                "0.20000000298023224, 0.30000001192092896, 0.44999998807907104, 0.6000000238418579, "
-                "0.800000011920929, 1.100000023841858, 1.600000023841858]], 4, 8) ")
+BY_HAND_CALL = ("[FAIL] asym_quantize + asym_dequantize(tensor(shape [1, 8], float32) [[0.05, 0.2, 0.3, 0.45, 0.6, "
+                "0.8, 1.1, 1.6]], 4, 8) ")
 GOES_ON = " The notebook goes on with the reference."
 
 
