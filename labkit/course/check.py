@@ -113,7 +113,8 @@ def difference(got: Any, expected: Any) -> str:
         if set(got) != set(expected):
             return f"keys {sorted(map(str, got))}, expected keys {sorted(map(str, expected))}"
         for k in expected:
-            if not same(got[k], expected[k]):
+            if not same(got[k], expected[k]) or (isinstance(got[k], float) and isinstance(expected[k], int)
+                                                 and not isinstance(expected[k], bool)):
                 return f"[{k!r}] = {difference(got[k], expected[k])}"
     if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)) and len(got) == len(expected):
         for i, (g, e) in enumerate(zip(got, expected)):
@@ -121,8 +122,8 @@ def difference(got: Any, expected: Any) -> str:
                 return f"as value {i + 1} of {len(expected)}: {difference(g, e)}"
     if isinstance(expected, (torch.Tensor, np.ndarray)) and isinstance(got, (torch.Tensor, np.ndarray)):
         return _first_difference(got, expected)
-    if type(got) is not type(expected) and not (isinstance(got, (int, float)) and isinstance(expected, (int, float))
-                                                 and not isinstance(got, bool)):
+    if type(got) is not type(expected) and not (isinstance(got, (int, float)) and isinstance(expected, float)
+                                                 and not isinstance(got, bool)):  # 32768.0 for an int is named
         return f"{_short(got)} ({type(got).__name__}), expected {_short(expected)} ({type(expected).__name__})"
     return f"{_short(got)}, expected {_short(expected)}"
 

@@ -2,17 +2,24 @@
 after each exercise calls `check.exercise(my_fn, exercises.NAME)`, and tests/memory_wall/test_exercises.py
 proves that each reference passes its own check and that a wrong answer fails it.
 
-    KV_BYTES_PER_TOKEN     exercise 1: bytes the KV cache grows by per token (labkit.specs)
+    KV_BYTES_PER_TOKEN     exercise 1: bytes the KV cache grows by per token (labkit.specs), an int
+                           rounded up: a float, or a total rounded down or to the nearest, fails
     ATTAINABLE_FLOPS       exercise 2: the roofline at one intensity (roofline.attainable_flops)
-    DENSE_DECODE_CEILING   exercise 3: tokens/s of a dense model's decode step, from bytes and bandwidth
+    DENSE_DECODE_CEILING   exercise 3: tokens/s of a dense model's decode step, from bytes and bandwidth,
+                           for the whole batch (a fixed case of 8 sequences catches a per-sequence answer)
+
+Each fixed case is chosen to tell one wrong answer from the right one (the comment beside it says which);
+the random cases cover the rest.
 
 Units: bytes, bytes/s, FLOP/s, tokens/s.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .roofline import attainable_flops, decode_ceiling, weight_bytes
-from .._checks import check_positive, check_positive_int
+from .._checks import check_positive, check_positive_int, is_int
 from ..course import Exercise
 from ..rng import Rng
 from ..specs import kv_bytes_per_token, model
@@ -33,6 +40,11 @@ def dense_decode_ceiling(n_params: float, bits: float, kv_per_token: int, batch:
     context = check_positive_int("context", context, unit="tokens")
     step = weight_bytes(n_params, bits) + batch * context * kv
     return batch * decode_ceiling(step, check_positive("bandwidth", bandwidth, unit="bytes/s"))
+
+
+def whole_bytes(got: Any, expected: int) -> bool:
+    """Exercise 1's comparison: an int (not a float such as 32768.0, not a bool) equal to the expected one."""
+    return is_int(got) and got == expected
 
 
 def random_kv_case(rng: Rng) -> tuple:
@@ -56,9 +68,12 @@ def random_ceiling_case(rng: Rng) -> tuple:
 
 KV_BYTES_PER_TOKEN = Exercise(
     "kv_bytes_per_token", kv_bytes_per_token,
-    # OPT-13B, Llama-2-70B, Llama-3-8B at INT4, and one layer of 6-bit elements (1.5 bytes: rounded up to 2)
-    cases=[(40, 40, 128, 2), (80, 8, 128, 2), (32, 8, 128, 0.5), (1, 1, 1, 0.75)],
-    random_case=random_kv_case)
+    cases=[(40, 40, 128, 2),     # OPT-13B: 819,200 bytes, the vLLM paper's figure
+           (80, 8, 128, 2),      # Llama-2-70B: 8 KV heads of 64 query heads
+           (32, 8, 128, 0.5),    # Llama-3-8B at INT4: 32768 bytes; a float 32768.0 fails
+           (1, 1, 1, 0.75),      # one layer of 6-bit elements: 1.5 bytes, rounded up to 2 (int() gives 1)
+           (3, 1, 1, 0.375)],    # three layers of 3-bit elements: 2.25 bytes -> 3 (round() gives 2)
+    random_case=random_kv_case, compare=whole_bytes)
 
 ATTAINABLE_FLOPS = Exercise(
     "attainable_flops", attainable_flops,
@@ -67,7 +82,10 @@ ATTAINABLE_FLOPS = Exercise(
 
 DENSE_DECODE_CEILING = Exercise(
     "dense_decode_ceiling", dense_decode_ceiling,
-    cases=[(6_738_415_616, 16, 2**19, 1, 4096, 3.35e12)],  # Llama-2-7B in FP16 on an H100, 4k context
+    cases=[(6_738_415_616, 16, 2**19, 1, 4096, 3.35e12),   # Llama-2-7B in FP16 on an H100, 4k context
+           # Llama-2-70B at Q4_0's 4.5 bits, 8 sequences of 4k on an H200: tokens/s of the whole batch, and
+           # 8 KV caches (a per-sequence answer, or one KV cache for the batch, fails here)
+           (68_976_648_192, 4.5, 327_680, 8, 4096, 4.8e12)],
     random_case=random_ceiling_case)
 
 EXERCISES = [KV_BYTES_PER_TOKEN, ATTAINABLE_FLOPS, DENSE_DECODE_CEILING]

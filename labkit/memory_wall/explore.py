@@ -1,5 +1,7 @@
-"""Notebook 01's plots: the cells compute the numbers (and print and check them); these functions draw them.
+"""Notebook 01's plots and its measurement table: the cells compute the numbers (and print and check them);
+these functions draw or lay them out.
 
+    measurement_table(mem)                                           hardware.measure_memory's figures
     plot_footprint(labels, parts, capacity, capacity_label, title)   stacked bars of GB per setting
     plot_ceilings(curves, title)                                     tokens/s against batch, log-log
     plot_link_share(offloaded, shares, title)                        % of a step's time spent on the link
@@ -16,6 +18,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .._checks import check_fraction, check_positive, check_positive_int, check_type, fail
+from ..course import Timing, table
+
+# hardware.measure_memory's kernels, in the order the table lists them, and how each is described
+KERNELS = {"read_threads": "torch sum, {threads} threads (the roof)", "read": "np.sum, one core",
+           "copy": "np.copyto, one core (read + write)", "gemv": "matrix-vector FP32, {n} x {mib:.0f} MiB"}
 
 
 def _series(name: str, values) -> np.ndarray:
@@ -35,6 +42,29 @@ def _named_series(name: str, series) -> dict[str, np.ndarray]:
     if not series:
         fail(name, series, "a non-empty dict of label -> numbers")
     return {str(k): _series(f"{name}[{k!r}]", v) for k, v in series.items()}
+
+
+def measurement_table(mem: Mapping) -> str:
+    """Section 2: one row per kernel of hardware.measure_memory's result `mem`: GB/s from the median round
+    and from the best, and the spread ((slowest - fastest) / median), then the steadiest kernel of the run."""
+    check_type("mem", mem, Mapping, "the dict hardware.measure_memory returns")
+    need = {"timings", "array_bytes", "threads", "gemv"}
+    if not need <= set(mem) or not set(KERNELS) <= set(mem["timings"]):
+        fail("mem", mem, f"the dict hardware.measure_memory returns (keys {sorted(need)}, timings of {list(KERNELS)})")
+    gemv = mem["gemv"]
+    moved = {"read_threads": mem["array_bytes"], "read": mem["array_bytes"], "copy": 2 * mem["array_bytes"],
+             "gemv": gemv["n_matrices"] * gemv["weight_bytes"]}
+    rows = []
+    for name, label in KERNELS.items():
+        t = check_type(f"mem['timings'][{name!r}]", mem["timings"][name], Timing, "a labkit.course.Timing")
+        rows.append({"kernel": label.format(threads=mem["threads"], n=gemv["n_matrices"],
+                                            mib=gemv["weight_bytes"] / 2**20),
+                     "GB/s (median)": f"{moved[name] / t.median / 1e9:.1f}",
+                     "GB/s (best)": f"{moved[name] / t.best / 1e9:.1f}", "spread": f"{t.spread:.0%}"})
+    steadiest = min(KERNELS, key=lambda k: mem["timings"][k].spread)
+    rounds = len(mem["timings"]["read"].times)
+    return (table(rows) + f"\n{rounds} rounds: numpy's two kernels in turns, then torch's sum and the product in "
+            f"turns; the steadiest this run: {rows[list(KERNELS).index(steadiest)]['kernel']}")
 
 
 def _axes(ax, figsize: tuple[float, float]):

@@ -92,3 +92,34 @@ def test_bad_input_is_refused_before_anything_is_drawn(call, error, name, value,
     before = plt.get_fignums()
     assert_refused(call, error, name, value, expected)
     assert plt.get_fignums() == before
+
+
+def _mem():
+    from labkit.course import Timing
+
+    ms = lambda *v: Timing(tuple(x / 1e3 for x in v))  # noqa: E731
+    return {"array_bytes": 256 * 2**20, "threads": 2,
+            "gemv": {"n_matrices": 8, "weight_bytes": 64 * 2**20},
+            "timings": {"read_threads": ms(5.0, 5.5, 6.0), "read": ms(11.0, 11.0, 11.0),
+                        "copy": ms(13.0, 13.2, 13.4), "gemv": ms(22.0, 21.0, 23.0)}}
+
+
+def test_measurement_table_gives_median_and_best_rates_and_the_steadiest_kernel():
+    lines = explore.measurement_table(_mem()).splitlines()
+    assert lines[0].split() == ["kernel", "GB/s", "(median)", "GB/s", "(best)", "spread"]
+    roof = lines[1].split()
+    assert " ".join(roof[:-3]) == "torch sum, 2 threads (the roof)"
+    assert roof[-3:] == [f"{256 * 2**20 / 5.5e-3 / 1e9:.1f}", f"{256 * 2**20 / 5.0e-3 / 1e9:.1f}", "18%"]
+    assert lines[3].split()[-3:] == [f"{2 * 256 * 2**20 / 13.2e-3 / 1e9:.1f}", f"{2 * 256 * 2**20 / 13e-3 / 1e9:.1f}",
+                                     "3%"]  # a copy moves its bytes twice
+    assert "matrix-vector FP32, 8 x 64 MiB" in lines[4] and lines[4].split()[-3] == f"{8 * 64 * 2**20 / 22e-3 / 1e9:.1f}"
+    assert lines[5] == ("3 rounds: numpy's two kernels in turns, then torch's sum and the product in turns; "
+                        "the steadiest this run: np.sum, one core")
+
+
+def test_measurement_table_refuses_anything_but_a_measure_memory_result():
+    assert_refused(lambda: explore.measurement_table([1]), TypeError, "mem", [1], "the dict hardware.measure_memory")
+    bad = {**_mem(), "timings": {"read": 1}}
+    assert_refused(lambda: explore.measurement_table(bad), ValueError, "mem", bad, "timings of ['read_threads'")
+    worse = {**_mem(), "timings": {**_mem()["timings"], "gemv": 0.02}}
+    assert_refused(lambda: explore.measurement_table(worse), TypeError, "mem['timings']['gemv']", 0.02, "Timing")

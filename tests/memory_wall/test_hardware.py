@@ -1,18 +1,36 @@
 import pytest
 import torch
 
+from labkit.course import Timing
 from labkit.memory_wall import hardware
 
 from ..refusals import assert_refused
 
 
 def test_measure_bandwidth_reports_bytes_per_second_for_read_and_copy():
-    got = hardware.measure_bandwidth(nbytes=8 * 2**20, repeats=2, progress=False)
-    assert set(got) == {"read", "copy", "read_threads", "threads", "array_bytes", "repeats"}
-    assert got["array_bytes"] == 8 * 2**20 and got["repeats"] == 2
+    got = hardware.measure_bandwidth(nbytes=8 * 2**20, repeats=3, progress=False)
+    assert set(got) == {"read", "copy", "read_threads", "threads", "array_bytes", "repeats", "timings"}
+    assert got["array_bytes"] == 8 * 2**20 and got["repeats"] == 3
     # Any real memory system lies between 100 MB/s and 100 TB/s; a unit slip (bits, GiB, per-element) would not.
     assert all(1e8 < got[k] < 1e14 for k in ("read", "copy", "read_threads"))
     assert got["threads"] == torch.get_num_threads()
+    # each figure is the median of its rounds (copy counts the bytes read and the bytes written)
+    t = got["timings"]
+    assert set(t) == {"read", "copy", "read_threads"} and all(isinstance(v, Timing) and len(v.times) == 3
+                                                              for v in t.values())
+    assert got["read"] == 8 * 2**20 / t["read"].median and got["copy"] == 2 * 8 * 2**20 / t["copy"].median
+    assert got["read_threads"] == 8 * 2**20 / t["read_threads"].median
+
+
+def test_measure_memory_times_every_kernel_the_same_number_of_rounds():
+    got = hardware.measure_memory(nbytes=4 * 2**20, rows=64, cols=32, n_matrices=3, repeats=4, progress=False)
+    assert set(got["timings"]) == {"read", "copy", "read_threads", "gemv"}
+    assert all(len(t.times) == 4 for t in got["timings"].values())
+    g = got["gemv"]
+    assert g["weight_bytes"] == 64 * 32 * 4 and g["n_matrices"] == 3 and g["intensity"] == 0.5
+    assert g["seconds"] == pytest.approx(got["timings"]["gemv"].median / 3)
+    assert g["bytes_per_s"] == pytest.approx(64 * 32 * 4 / g["seconds"])
+    assert got["read_threads"] == 4 * 2**20 / got["timings"]["read_threads"].median
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -29,17 +47,19 @@ def test_link_bandwidth_is_none_without_a_gpu():
 
 
 def test_measure_gemv_reports_consistent_rates():
-    got = hardware.measure_gemv(64, 32, n_matrices=2, repeats=2, progress=False)
-    assert got["weight_bytes"] == 64 * 32 * 4
+    got = hardware.measure_gemv(64, 32, n_matrices=2, repeats=3, progress=False)
+    assert got["weight_bytes"] == 64 * 32 * 4 and got["n_matrices"] == 2
     assert got["intensity"] == 0.5  # 2 FLOP per 4-byte weight
     assert got["flops_per_s"] == pytest.approx(got["bytes_per_s"] * got["intensity"])
-    assert got["seconds"] > 0
+    assert got["seconds"] == pytest.approx(got["timing"].median / 2) and len(got["timing"].times) == 3
 
 
 def test_measure_decode_times_prefill_and_cached_steps(pretrained):
     model, _ = pretrained
-    got = hardware.measure_decode(model, prompt_len=8, new_tokens=4, repeats=1)
+    got = hardware.measure_decode(model, prompt_len=8, new_tokens=4, repeats=3)
     assert got["prefill_s"] > 0 and got["tokens_per_s"] == pytest.approx(1 / got["decode_s_per_token"])
+    assert got["prefill_s"] == got["timings"]["prefill"].median and len(got["timings"]["decode"].times) == 3
+    assert got["decode_s_per_token"] == pytest.approx(got["timings"]["decode"].median / 4)
     with pytest.raises(ValueError, match="prompt_len \\+ new_tokens must be <= 256, got 250 \\+ 10"):
         hardware.measure_decode(model, prompt_len=250, new_tokens=10)
 
@@ -77,6 +97,11 @@ REFUSED = [
     (hardware.measure_gemv, {"n_matrices": -2}, ValueError, "n_matrices", -2, "a positive int"),
     (hardware.measure_gemv, {"repeats": 0}, ValueError, "repeats", 0, "a positive int"),
     (hardware.measure_gemv, {"progress": 1}, TypeError, "progress", 1, "True or False"),
+    (hardware.measure_memory, {"nbytes": 10}, ValueError, "nbytes", 10, "an int >= 1048576"),
+    (hardware.measure_memory, {"repeats": 0}, ValueError, "repeats", 0, "a positive int"),
+    (hardware.measure_memory, {"rows": 0}, ValueError, "rows", 0, "a positive int"),
+    (hardware.measure_memory, {"n_matrices": 2.0}, TypeError, "n_matrices", 2.0, "a positive int"),
+    (hardware.measure_memory, {"progress": None}, TypeError, "progress", None, "True or False"),
 ]
 
 
