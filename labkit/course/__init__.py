@@ -3,8 +3,8 @@ and set-up, timing, tables and fact-check verdicts. Bottom layer: imports only l
 
 from . import check, classroom, display, env, timing
 from .check import Exercise
-from .display import table, verdict
+from .display import FactCheck, table, verdict
 from .timing import Timing, interleave, measure
 
-__all__ = ["check", "classroom", "display", "env", "timing", "Exercise", "table", "verdict", "Timing", "interleave",
+__all__ = ["check", "classroom", "display", "env", "timing", "Exercise", "FactCheck", "table", "verdict", "Timing", "interleave",
            "measure"]

@@ -3,6 +3,7 @@ material's claims (notebooks 01-03, and each later lab's fact-check)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 
@@ -33,3 +34,18 @@ def verdict(claim: str, arithmetic: Sequence[str], judgement: str, holds_if: str
             + f"VERDICT  {judgement}\nHOLDS IF {holds_if}\n")
     print(text)
     return text
+
+
+@dataclass(frozen=True)
+class FactCheck:
+    """One claim of the source material checked: the four parts `verdict` prints, and the numbers behind
+    them (for the notebook's asserts). Each lab's factcheck module returns these (labs 01-03)."""
+    claim: str
+    arithmetic: list[str]
+    judgement: str
+    holds_if: str
+    numbers: dict = field(default_factory=dict)
+
+    def show(self) -> None:
+        """Print the fact-check in `verdict`'s format."""
+        verdict(self.claim, self.arithmetic, self.judgement, self.holds_if)

@@ -16,33 +16,18 @@ Units: bytes (GB = 1e9, TB = 1e12, TiB = 2**40), bytes/s, tokens/s, US dollars, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from .cost import breakeven_days
 from .footprint import PRECISIONS, decode_bytes_per_step, decode_tokens_per_s, footprint
 from .offload import stream_shares
 from .roofline import decode_ceiling, weight_bytes
-from ..course import verdict
+from ..course import FactCheck
 from ..specs import device, model
 
 GB, TB = 1e9, 1e12
 Q4_0, Q4_1, G128 = "int4-g32 sym (Q4_0)", "int4-g32 asym (Q4_1)", "int4-g128 asym"
 BAND = (0.3, 0.5)  # the "30-50%" of the transfer claim
 SECTION5_OFFLOADED = tuple(range(0, 41, 2))  # notebook 01, section 5: layers offloaded of Llama-2-70B's 80
-
-
-@dataclass(frozen=True)
-class FactCheck:
-    """One claim checked: the four parts labkit.course.verdict prints, and the numbers behind them."""
-    claim: str
-    arithmetic: list[str]
-    judgement: str
-    holds_if: str
-    numbers: dict = field(default_factory=dict)
-
-    def show(self) -> None:
-        """Print the fact-check (labkit.course.verdict's format)."""
-        verdict(self.claim, self.arithmetic, self.judgement, self.holds_if)
 
 
 def gpt3_memory() -> FactCheck:

@@ -1,5 +1,5 @@
 """Notebook 03's fact-checks: one function per claim of the course's source material about 4-bit
-quantization, each returning a FactCheck (labkit.memory_wall.factcheck's: the claim, quoted; the arithmetic
+quantization, each returning a labkit.course.FactCheck ( the claim, quoted; the arithmetic
 line by line; the verdict; the conditions under which the claim holds), every sentence built from the
 measurements passed in, so that the words cannot disagree with the numbers beside them.
 
@@ -24,11 +24,10 @@ import math
 from typing import Mapping
 
 from .._checks import check_bool, check_fraction, check_type, fail
-from ..memory_wall import factcheck as wall
+from ..course import FactCheck
 from .qtensor import quantized_bytes
 from .quality import Sensitivity
 
-FactCheck = wall.FactCheck  # lab 01's: claim, arithmetic, judgement, holds_if, numbers; .show() prints it
 
 SOURCE = ("two technical articles, one on deploying large models locally on unified-memory hardware, one on "
           "adapting a trillion-parameter open model on the day of its release")

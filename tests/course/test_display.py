@@ -26,3 +26,11 @@ def test_verdict_prints_each_part_once(capsys):
         display.verdict("c", "one line", "v", "h")
     with pytest.raises(TypeError, match="claim must be a non-empty str"):
         display.verdict("", [], "v", "h")
+
+
+def test_a_fact_check_shows_as_a_verdict(capsys):
+    fc = display.FactCheck("6 TB in FP16", ["3e12 x 2 bytes = 6e12 bytes"], "True.", "dense FP16 weights", {"tb": 6.0})
+    fc.show()
+    assert capsys.readouterr().out.splitlines()[:3] == ["CLAIM    6 TB in FP16", "         3e12 x 2 bytes = 6e12 bytes",
+                                                        "VERDICT  True."]
+    assert fc.numbers["tb"] == 6.0
