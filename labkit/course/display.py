@@ -3,17 +3,33 @@ material's claims (notebooks 01-03, and each later lab's fact-check)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .._checks import check_positive_int, fail, is_number
+
+
+def fixed(value: float, digits: int = 3) -> str:
+    """`value` to `digits` significant digits, in fixed point: 2217.3 -> '2,217', 4.03e-05 -> '0.0000403',
+    0.0959 -> '0.0959', 1.0 -> '1' (the 'g' format, without its exponents)."""
+    if not is_number(value):
+        fail("value", value, "a number", TypeError)
+    digits = check_positive_int("digits", digits)
+    text = f"{value:.{digits}g}"
+    if "e" not in text or not math.isfinite(value):
+        return text
+    magnitude = math.floor(math.log10(abs(value)))
+    return f"{value:,.0f}" if magnitude >= digits - 1 else f"{value:.{digits - 1 - magnitude}f}"
+
 
 def table(rows: list[dict], digits: int = 3) -> str:
-    """Rows of dicts as an aligned text table (floats rounded to `digits` significant digits)."""
+    """Rows of dicts as an aligned text table (floats at `digits` significant digits, in fixed point)."""
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise TypeError(f"rows must be a list of dicts, got {type(rows).__name__}")
     if not rows:
         return "(no rows)"
-    fmt = lambda v: f"{v:.{digits}g}" if isinstance(v, float) else str(v)  # noqa: E731
+    fmt = lambda v: fixed(v, digits) if isinstance(v, float) else str(v)  # noqa: E731
     cols = list(rows[0])
     cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
     width = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]

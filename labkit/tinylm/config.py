@@ -19,7 +19,6 @@ Column-parallel layers split their output features across ranks, row-parallel on
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Iterator
 

@@ -16,7 +16,6 @@ labkit.unified_memory.layouts lays these tensors out in pages and scales the tra
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .._checks import check_positive_int

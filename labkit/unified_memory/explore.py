@@ -6,6 +6,8 @@ Synthetic traces (page numbers within one allocation of n_pages):
     strided     0 s 2s ... then 1 1+s ...         column access of a row-major matrix
     random      uniform over the n pages          a cache with no locality
     hot         90% of accesses to 10% of pages   a working set that fits, plus noise
+
+Tables print through labkit.course.table, which writes every number in fixed point (2,217 and 0.0000403, never 2.22e+03).
 """
 
 from __future__ import annotations
@@ -13,11 +15,27 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import check_choice, check_positive, check_positive_int, fail
-from ..course import table
+from ..course import table  # noqa: F401  (fixed-point tables; notebook 02 calls ux.table)
 from .engine import UnifiedMemory
 from .state import DEVICE
 
 KINDS = ("sequential", "strided", "random", "hot")
+# section 4's replays of one decode step: label -> UMConfig settings (the 70B table and the loop's timing)
+PAGING_SETTINGS = {"none": {}, "none, batches of 256": {"fault_batch": 256},
+                   "sequential, 2 MiB": {"prefetch": "sequential", "prefetch_pages": 511},
+                   "density": {"prefetch": "density"}}
+
+
+def ngl_table(curves: dict[str, list], ns, share_of: str) -> list[dict]:
+    """Rows for -ngl N in `ns`: ms per token of each curve of `curves` ({label: ngl_curve}) and the transfer
+    share (%) of curves[share_of]."""
+    if share_of not in curves:
+        fail("share_of", share_of, f"one of {sorted(curves)}")
+    rows = []
+    for n in ns:
+        row = {"-ngl": n, **{f"{label} ms": 1e3 * c[n]["time_s"] for label, c in curves.items()}}
+        rows.append({**row, f"{share_of} transfer %": 100 * curves[share_of][n]["transfer_share"]})
+    return rows
 
 
 def synthetic_trace(kind: str, n_pages: int, length: int, seed: int = 0, stride: int = 16) -> np.ndarray:
@@ -170,7 +188,10 @@ def explorer(n_pages: int = 2048, length: int = 20_000, static: bool = False):
     def show(**kw):
         print(table([run(**kw)]))
 
-    return w.interactive(show, capacity_pct=w.IntSlider(value=50, min=5, max=150, step=5),
-                         eviction=w.Dropdown(options=["lru", "clock", "fifo"]),
-                         prefetch=w.Dropdown(options=["None", "sequential", "density"]),
-                         kind=w.Dropdown(options=list(KINDS)))
+    wide = {"description_width": "initial"}  # the whole label, not "capacity_..."
+    return w.interactive(show, capacity_pct=w.IntSlider(value=50, min=5, max=150, step=5,
+                                                        description="device capacity (% of the pages)", style=wide),
+                         eviction=w.Dropdown(options=["lru", "clock", "fifo"], description="eviction", style=wide),
+                         prefetch=w.Dropdown(options=["None", "sequential", "density"], description="prefetch",
+                                             style=wide),
+                         kind=w.Dropdown(options=list(KINDS), description="trace", style=wide))

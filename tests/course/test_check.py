@@ -2,8 +2,6 @@ import pytest
 import torch
 
 from labkit.course import check
-from labkit.rng import Rng
-from labkit.tinylm import corpus as data
 from labkit import tinylm as lm
 
 
@@ -96,7 +94,7 @@ def test_a_function_that_changes_its_input_does_not_spoil_the_reference(capsys):
     (torch.tensor([0x3A], dtype=torch.uint8), torch.tensor([0xA3], dtype=torch.uint8),
      "index (0,): 58 (0x3a), expected 163 (0xa3)"),
     ("x", 3, "'x' (str), expected 3 (int)"),
-    (2.0, 3, "2.0, expected 3"),
+    (2.0, 3, "2.0 (float), expected 3 (int)"),
 ])
 def test_difference_says_where(got, expected, words):
     assert words in check.difference(got, expected)

@@ -34,3 +34,20 @@ def test_a_fact_check_shows_as_a_verdict(capsys):
     assert capsys.readouterr().out.splitlines()[:3] == ["CLAIM    6 TB in FP16", "         3e12 x 2 bytes = 6e12 bytes",
                                                         "VERDICT  True."]
     assert fc.numbers["tb"] == 6.0
+
+
+@pytest.mark.parametrize("value, text", [(2217.3, "2,217"), (4.03e-05, "0.0000403"), (0.0959, "0.0959"), (1.0, "1"),
+                                         (607.2, "607"), (1020.4, "1,020"), (999.6, "1,000"), (-2217.3, "-2,217"),
+                                         (0.0, "0"), (float("inf"), "inf")])
+def test_fixed_point_never_writes_an_exponent(value, text):
+    assert display.fixed(value) == text
+
+
+def test_table_writes_floats_in_fixed_point():
+    out = display.table([{"ms": 2217.3, "rate": 4.03e-05, "n": 3228420, "name": "x"}])
+    assert "e+" not in out and "e-" not in out
+    assert out.splitlines()[1].split() == ["2,217", "0.0000403", "3228420", "x"]
+    with pytest.raises(TypeError, match="rows must be a list of dicts"):
+        display.table({"ms": 1.0})
+    with pytest.raises(TypeError, match="value must be a number"):
+        display.fixed("1.0")

@@ -1,9 +1,6 @@
 import hashlib
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from labkit.rng import Rng
 from labkit.tinylm import ByteTokenizer
@@ -74,10 +71,6 @@ def test_tasks_are_deterministic_and_seeded():
     assert data.make_tasks("recall", 5, seed=0) == data.make_tasks("recall", 5, seed=0)
     assert data.make_tasks("recall", 5, seed=0) != data.make_tasks("recall", 5, seed=1)
     assert data.make_tasks("copy", 5, "val") != data.make_tasks("copy", 5, "test")
-
-
-
-
 
 
 def test_bad_input_gets_clear_errors():

@@ -3,8 +3,6 @@ import math
 import pytest
 import torch
 
-from labkit.rng import Rng
-from labkit.tinylm import ByteTokenizer
 from labkit.tinylm import corpus as data
 from labkit.tinylm import perplexity, task_accuracy, task_correct
 

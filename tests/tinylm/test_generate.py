@@ -1,13 +1,7 @@
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from labkit.rng import Rng
-from labkit.tinylm import ByteTokenizer
 from labkit.tinylm import corpus as data
 from labkit import tinylm as lm
 

@@ -3,12 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from labkit.rng import Rng
-from labkit.tinylm import ByteTokenizer
-from labkit.tinylm import corpus as data
 from labkit import tinylm as lm
 from labkit.tinylm.model import RMSNorm, apply_rope, rope_tables
 
@@ -115,18 +110,7 @@ def test_rope_preserves_norms_and_depends_only_on_offsets():
     assert torch.allclose(at(q, 10) @ at(k, 3), at(q, 40) @ at(k, 33), atol=1e-4)
 
 
-
-
 # --- the KV cache --------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
 
 
 # --- bad input -----------------------------------------------------------------------------------

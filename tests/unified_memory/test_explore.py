@@ -88,3 +88,29 @@ def test_bad_input_is_named():
                               (lambda: ux.fresh_pool(4, 2, page_size=4096.0), TypeError, "page_size")):
         with pytest.raises(error, match=word):
             call()
+
+
+
+
+
+
+def test_ngl_table():
+    curves = {"a": [{"time_s": 1.0, "transfer_share": 0.5}, {"time_s": 0.002, "transfer_share": 0.25}],
+              "b": [{"time_s": 3.0, "transfer_share": 0.9}, {"time_s": 0.001, "transfer_share": 0.0}]}
+    assert ux.ngl_table(curves, [1], share_of="b") == [{"-ngl": 1, "a ms": 2.0, "b ms": 1.0, "b transfer %": 0.0}]
+    with pytest.raises(ValueError, match="share_of"):
+        ux.ngl_table(curves, [0], share_of="c")
+
+
+def test_the_widget_shows_whole_labels():
+    pytest.importorskip("ipywidgets")
+    widget = ux.explorer(n_pages=64, length=100)
+    controls = [c for c in widget.children if hasattr(c, "description") and c.description]
+    assert len(controls) == 4 and all(c.style.description_width == "initial" for c in controls)
+    assert controls[0].description.startswith("device capacity")
+
+
+def test_the_paging_settings_make_pools():
+    for settings in ux.PAGING_SETTINGS.values():
+        um, _ = ux.fresh_pool(8, 4, **settings)
+        assert um.stats.accesses == 0
