@@ -1,5 +1,5 @@
 """Notebook 03's fact-checks: one function per claim of the course's source material about 4-bit
-quantization, each returning a labkit.course.FactCheck ( the claim, quoted; the arithmetic
+quantization, each returning a labkit.course.FactCheck (the claim, quoted; the arithmetic
 line by line; the verdict; the conditions under which the claim holds), every sentence built from the
 measurements passed in, so that the words cannot disagree with the numbers beside them.
 
