@@ -28,16 +28,27 @@ from .._checks import check_bool, check_positive, check_positive_int
 
 @dataclass(frozen=True)
 class TinyLMConfig:
+    """The shape of a TinyLM; checks itself (positive sizes, heads that divide, an even head width)."""
     vocab_size: int = 256
+    """token ids are in [0, vocab_size): 256 for the byte-level tokenizer"""
     d_model: int = 128
+    """width of the residual stream (elements per token)"""
     n_layers: int = 4
+    """decoder blocks"""
     n_heads: int = 4
+    """query heads; head_dim = d_model / n_heads"""
     n_kv_heads: int = 2
+    """key/value heads, shared by n_heads / n_kv_heads query heads each (grouped-query attention)"""
     d_ff: int = 384
+    """hidden width of the SwiGLU MLP"""
     max_seq_len: int = 256
+    """the context: the most positions one sequence may have (tokens)"""
     rope_theta: float = 10000.0
+    """base of the rotary position frequencies"""
     norm_eps: float = 1e-5
+    """RMSNorm's epsilon"""
     tie_embeddings: bool = True
+    """the output layer reuses the embedding matrix"""
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
