@@ -1,6 +1,10 @@
 # Two commands do all the set-up (see README.md):
-#   make lab    create .venv with the pinned dependencies, install labkit, start JupyterLab on notebooks/
-#   make test   the same set-up, then unit and property tests, then nbval on every notebook
+#   make lab    create .venv with the pinned dependencies, install labkit, write the student notebooks that are
+#               missing into student/ (never overwriting one you changed), start JupyterLab there
+#   make test   the same set-up, then unit and property tests, nbval on every notebook, and the browser test
+#               (when Chromium and playwright are installed; it says so when it skips it)
+# Instructors: make student (hand out), make grade SUBMISSIONS=folder [LAB=00_setup] (collect, grade),
+# make lab-instructor (JupyterLab on notebooks/, the solutions). make test-browser: the browser test alone.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,8 +15,16 @@ LAB_FLAGS ?= --no-browser --ip=127.0.0.1
 PIP_ARGS ?=
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-cell-timeout=300 \
 	--nbval-sanitize-with notebooks/nbval_sanitize.cfg
+STUDENT ?= student
+SUBMISSIONS ?= submissions
+GRADES ?= grades/gradebook.csv
+LAB ?=
+CHROMIUM ?= /usr/bin/chromium
+# auto: run the browser test when Chromium and playwright are there, else say it was skipped; required: fail.
+BROWSER_TEST ?= auto
+CLASSROOM := $(BIN)/python -m labkit.course.classroom
 
-.PHONY: lab test student clean
+.PHONY: lab lab-instructor test test-browser student grade clean
 
 # The venv is rebuilt only when pyproject.toml changes: a second `make test` installs nothing.
 $(STAMP): pyproject.toml
@@ -21,17 +33,39 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_ARGS) -e .
 	touch $(STAMP)
 
-lab: $(STAMP)
+# The learner's path: your notebooks live in student/, and nothing here ever overwrites or deletes them.
+lab: student
+	$(BIN)/jupyter lab --notebook-dir=$(STUDENT) $(LAB_FLAGS) $(ROOT_FLAG)
+
+lab-instructor: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_FLAGS) $(ROOT_FLAG)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/browser
 	@# A fresh machine's first matplotlib import writes a font-cache notice to stderr; nbval would see it.
 	@$(BIN)/python -c "import matplotlib.pyplot"
 	$(BIN)/python -m pytest $(NBVAL_FLAGS) notebooks
+	@if [ -x "$(CHROMIUM)" ] && $(BIN)/python -c "import playwright.sync_api" 2>/dev/null; then \
+		$(MAKE) --no-print-directory test-browser; \
+	elif [ "$(BROWSER_TEST)" = required ]; then \
+		echo "FAILED: the browser test needs $(CHROMIUM) (apt-get install chromium) and playwright"; exit 1; \
+	else \
+		echo "SKIPPED: the browser test (make test-browser): no $(CHROMIUM) or no playwright;" \
+			"install Chromium (apt-get install chromium) to run it"; \
+	fi
 
+# Every student notebook opened in JupyterLab in headless Chromium: run all cells, no errors, every widget
+# rendered and answering its controls. Fails (not skips) when Chromium or playwright is missing.
+test-browser: $(STAMP)
+	LABKIT_CHROMIUM=$(CHROMIUM) LABKIT_BROWSER_REQUIRED=1 $(BIN)/python -m pytest tests/browser
+
+# Writes only the student notebooks that are missing; a newer version of one you changed goes beside it.
 student: $(STAMP)
-	$(BIN)/python -m labkit.course.classroom student student
+	$(CLASSROOM) student $(STUDENT)
 
+grade: $(STAMP)
+	$(CLASSROOM) grade $(SUBMISSIONS) --out $(GRADES) $(if $(LAB),--lab $(LAB))
+
+# Only what `make` rebuilds: never student/ (a learner's work), submissions/ or grades/.
 clean:
-	rm -rf $(VENV) student
+	rm -rf $(VENV) build labkit.egg-info

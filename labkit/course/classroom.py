@@ -28,6 +28,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from .._checks import check_type, fail
 from ..paths import NOTEBOOKS
 from .labs import STAMP, read_notebook, source_of
 
@@ -60,8 +61,9 @@ def strip_solutions(source: str, where: str = "cell") -> tuple[str, list[str]]:
 
 def student_notebook(nb: dict, name: str = "notebook") -> dict:
     """A copy of notebook `nb` (nbformat 4 JSON as a dict) with solutions stubbed and outputs cleared."""
-    if not isinstance(nb, dict) or "cells" not in nb:
-        raise ValueError(f"nb must be a notebook dict with 'cells', got {type(nb).__name__}")
+    check_type("nb", nb, dict)
+    if "cells" not in nb:
+        fail("nb", sorted(nb), "a notebook dict with 'cells'")
     nb = copy.deepcopy(nb)
     for i, cell in enumerate(nb["cells"]):
         source = source_of(cell)
@@ -76,13 +78,18 @@ def student_notebook(nb: dict, name: str = "notebook") -> dict:
 
 def execute(nb, cwd: Path = NOTEBOOKS, timeout: int = 300):
     """Run a notebook (an nbformat NotebookNode) top to bottom in a fresh kernel of *this* Python, as nbval's
-    --nbval-current-env does; fills in its outputs and returns it. Raises on the first failing cell."""
+    --nbval-current-env does; fills in its outputs and returns it. Raises on the first failing cell. The
+    kernel is shut down afterwards. (benchmarks/notebook_time.py uses it; grading is labkit.course.submission.)"""
     from jupyter_client import KernelManager
     from nbclient import NotebookClient
     from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
 
     km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME, kernel_spec_manager=NbvalKernelspecManager())
-    NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute()
+    try:
+        NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        if km.has_kernel:  # the client leaves a kernel it was handed running
+            km.shutdown_kernel(now=True)
     return nb
 
 
@@ -140,7 +147,8 @@ def write_student_notebooks(out_dir: Path, notebooks: Path = NOTEBOOKS) -> list[
     """Write a student version of every notebooks/*.ipynb into `out_dir`, never overwriting a notebook the
     learner changed: a missing one is created, an untouched older one updated, an edited one kept, with the
     newer version written beside it as NAME.new.ipynb. Returns (path, what was done) for every lab."""
-    notebooks, out_dir = Path(notebooks), Path(out_dir)
+    notebooks = Path(check_type("notebooks", notebooks, (str, Path)))
+    out_dir = Path(check_type("out_dir", out_dir, (str, Path)))
     sources = sorted(notebooks.glob("*.ipynb"))
     if not sources:
         raise FileNotFoundError(f"no notebooks (*.ipynb) in {notebooks}")

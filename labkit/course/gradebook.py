@@ -162,7 +162,8 @@ def summary(table: dict[str, dict[str, Verdict]], seconds: float) -> str:
     """Per exercise, how many students got each status; the time per student."""
     exercises = list(next(iter(table.values()), {}))
     width = max([len(e) for e in exercises] + [8])
-    lines = [f"{len(table)} students graded in {seconds:.1f} s ({seconds / max(len(table), 1):.1f} s per student)",
+    n = len(table)
+    lines = [f"{n} student{'s' if n != 1 else ''} graded in {seconds:.1f} s ({seconds / max(n, 1):.1f} s per student)",
              f"{'exercise':<{width}} " + " ".join(f"{s:>8}" for s in STATUSES)]
     for ex in exercises:
         counts = [sum(v[ex].status == s for v in table.values()) for s in STATUSES]

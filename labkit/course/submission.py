@@ -41,7 +41,8 @@ TIMEOUT = "CellTimeoutError"
 SETUP = "import labkit.course.sandbox as _labkit_sandbox; _labkit_sandbox.install(); del _labkit_sandbox"
 NO_NETWORK = {**{k: "http://127.0.0.1:9" for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
                                                    "ALL_PROXY", "all_proxy")},
-              "no_proxy": "", "NO_PROXY": "", "PIP_NO_INDEX": "1", "HF_HUB_OFFLINE": "1"}
+              "no_proxy": "localhost,127.0.0.1,::1", "NO_PROXY": "localhost,127.0.0.1,::1", "PIP_NO_INDEX": "1",
+              "HF_HUB_OFFLINE": "1"}
 EDITED = "its check cell is not the one handed out (edited or removed)"
 
 

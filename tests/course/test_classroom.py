@@ -1,12 +1,12 @@
 import json
-from pathlib import Path
-
+import os
 import re
+import subprocess
 
 import nbformat
 import pytest
 
-from labkit.course import classroom
+from labkit.course import classroom, labs, submission
 
 NOTEBOOKS = sorted(classroom.NOTEBOOKS.glob("*.ipynb"))
 
@@ -68,12 +68,14 @@ def test_every_notebook_has_an_exercise_and_no_solution_leaks(student_dir):
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
-def test_student_notebook_runs_top_to_bottom(student_dir, name):
-    nb = nbformat.read(student_dir / name, as_version=4)
-    classroom.execute(nb)
-    verdicts = [o.get("text", "") for c in nb.cells if c.cell_type == "code" and "check.exercise" in c.source
-                for o in c.outputs if o.get("output_type") == "stream"]
-    assert verdicts and all("not implemented yet" in v for v in verdicts), verdicts
+def test_student_notebook_runs_top_to_bottom_and_grades_all_todo(student_dir, name):
+    """The handed-out notebook runs in the grader's kernel (every cell, no time-out) and every exercise's
+    check reports "not implemented yet": the grader works on every lab."""
+    nb = json.loads((student_dir / name).read_text())
+    lab = labs.read_lab(classroom.NOTEBOOKS / name)
+    result = submission.grade_notebook(nb, lab, cell_timeout=600)
+    assert lab.exercises and not result.problems and not result.notes, result
+    assert {ex: v.status for ex, v in result.verdicts.items()} == {ex: "TODO" for ex in lab.exercises}
 
 
 def test_markers_outside_code_cells_are_refused():
@@ -98,3 +100,90 @@ def test_cli_refuses_to_overwrite_the_instructor_notebooks():
 def test_missing_notebooks_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no notebooks"):
         classroom.write_student_notebooks(tmp_path / "out", tmp_path)
+
+
+def _course(tmp_path, text="print(1)"):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir(exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n{text}")]
+    nbformat.write(nb, notebooks / "00_x.ipynb")
+    return notebooks
+
+
+def _edit(path):
+    nb = json.loads(path.read_text())
+    nb["cells"][0]["source"] = "def f():\n    return 1  # my answer\n"
+    path.write_text(json.dumps(nb, indent=2))
+    return path.read_bytes()
+
+
+def test_student_notebooks_carry_their_lab_and_version(student_dir):
+    for src in NOTEBOOKS:
+        nb = json.loads((student_dir / src.name).read_text())
+        assert nb["metadata"]["labkit"] == {"lab": src.stem, "version": classroom.version(nb)}
+
+
+def test_writing_again_never_touches_an_edited_notebook(tmp_path, capsys):
+    notebooks, out = _course(tmp_path), tmp_path / "student"
+    classroom.main(["student", str(out), "--notebooks", str(notebooks)])
+    assert capsys.readouterr().out == f"{out / '00_x.ipynb'}: created\n"
+    mine = _edit(out / "00_x.ipynb")
+    classroom.main(["student", str(out), "--notebooks", str(notebooks)])
+    assert (out / "00_x.ipynb").read_bytes() == mine and not (out / "00_x.new.ipynb").exists()
+    assert "kept: your work, from the current version" in capsys.readouterr().out
+    _course(tmp_path, "print(2)")  # the lab changes: the new version goes beside the learner's
+    classroom.main(["student", str(out), "--notebooks", str(notebooks)])
+    assert (out / "00_x.ipynb").read_bytes() == mine
+    assert "print(2)" in (out / "00_x.new.ipynb").read_text()
+    assert "the newer version of this lab is 00_x.new.ipynb" in capsys.readouterr().out
+    theirs = _edit(out / "00_x.new.ipynb")  # the learner started on the new version: both are kept
+    _course(tmp_path, "print(3)")
+    done = dict(classroom.write_student_notebooks(out, notebooks))
+    assert (out / "00_x.ipynb").read_bytes() == mine and (out / "00_x.new.ipynb").read_bytes() == theirs
+    assert "has your edits too" in done[out / "00_x.ipynb"]
+
+
+def test_an_untouched_notebook_is_updated_and_a_resaved_one_counts_as_untouched(tmp_path):
+    notebooks, out = _course(tmp_path), tmp_path / "student"
+    classroom.write_student_notebooks(out, notebooks)
+    nb = nbformat.read(out / "00_x.ipynb", as_version=4)  # as JupyterLab re-saves it: other layout, same content
+    nbformat.write(nb, out / "00_x.ipynb")
+    assert dict(classroom.write_student_notebooks(out, notebooks))[out / "00_x.ipynb"] == "up to date"
+    _course(tmp_path, "print(2)")
+    done = dict(classroom.write_student_notebooks(out, notebooks))
+    assert done[out / "00_x.ipynb"] == "updated (you had not changed it)"
+    assert "print(2)" in (out / "00_x.ipynb").read_text() and not (out / "00_x.new.ipynb").exists()
+
+
+@pytest.mark.parametrize("content", ["{broken", json.dumps({"cells": [], "metadata": {}})])
+def test_an_unreadable_or_unstamped_notebook_is_the_learners(tmp_path, content):
+    notebooks, out = _course(tmp_path), tmp_path / "student"
+    out.mkdir()
+    (out / "00_x.ipynb").write_text(content)
+    classroom.write_student_notebooks(out, notebooks)
+    assert (out / "00_x.ipynb").read_text() == content and (out / "00_x.new.ipynb").exists()
+
+
+def test_make_clean_never_deletes_a_learners_work():
+    recipe = subprocess.run(["make", "-n", "clean"], cwd=classroom.NOTEBOOKS.parent, capture_output=True,
+                            text=True, check=True).stdout
+    assert "rm" in recipe and "student" not in recipe and "submissions" not in recipe, recipe
+
+
+def test_execute_fills_outputs_and_stops_its_kernel():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import os\nprint(os.getpid())")]
+    classroom.execute(nb)
+    pid = int(nb.cells[0].outputs[0]["text"])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_arguments_are_checked(tmp_path):
+    with pytest.raises(TypeError, match="nb must be"):
+        classroom.student_notebook("00_setup.ipynb")
+    with pytest.raises(ValueError, match="nb must be a notebook dict with 'cells'"):
+        classroom.student_notebook({"metadata": {}})
+    with pytest.raises(TypeError, match="out_dir must be"):
+        classroom.write_student_notebooks(1)
