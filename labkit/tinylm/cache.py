@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .._checks import check_int, check_positive_int
+from .._checks import check_int, check_positive_int, check_type
 from .config import TinyLMConfig
 
 
@@ -56,6 +56,7 @@ class KVCache:
         max_len = cfg.max_seq_len if max_len is None else max_len
         check_positive_int("batch_size", batch_size)
         check_int("max_len", max_len, 1, cfg.max_seq_len)
+        check_type("dtype", dtype, torch.dtype, "a torch.dtype (torch.float32, torch.bfloat16, ...)")
         shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.cfg = cfg
         self.k = torch.zeros(shape, dtype=dtype, device=device)

@@ -72,6 +72,8 @@ class TinyLMConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TinyLMConfig":
+        if not isinstance(d, dict):
+            raise TypeError(f"d must be a dict of TinyLMConfig fields, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -155,9 +157,9 @@ def iter_linears(model: nn.Module, types: tuple[str, ...] = LAYER_TYPES,
     """(table entry, module) for every weight matrix of a TinyLM whose type is in `types`, in forward order.
     With skip_tied, a tied lm_head (it shares tok_emb's weight) is left out: it is not a matrix of its own.
     The module may be an nn.Linear, an nn.Embedding or a quantized replacement (labkit.quant)."""
-    cfg = getattr(model, "cfg", None)
-    if not isinstance(model, nn.Module) or not isinstance(cfg, TinyLMConfig):
-        raise TypeError(f"model must be a TinyLM (an nn.Module with a TinyLMConfig .cfg), got {type(model).__name__}")
+    cfg = check_tinylm(model).cfg
+    if isinstance(types, str):
+        raise TypeError(f"types must be a tuple of layer types such as ('mlp',), got {types!r}")
     bad = [t for t in types if t not in LAYER_TYPES]
     if bad:
         raise ValueError(f"types must be some of {LAYER_TYPES}, got {tuple(types)!r}")
@@ -165,6 +167,14 @@ def iter_linears(model: nn.Module, types: tuple[str, ...] = LAYER_TYPES,
         if entry.layer_type not in types or (skip_tied and entry.path == "lm_head" and cfg.tie_embeddings):
             continue
         yield entry, model.get_submodule(entry.path)
+
+
+def check_tinylm(model) -> nn.Module:
+    """`model` itself if it is a TinyLM (an nn.Module with a TinyLMConfig .cfg, quantized copies included),
+    else a TypeError: what every function that takes a model checks first."""
+    if not isinstance(model, nn.Module) or not isinstance(getattr(model, "cfg", None), TinyLMConfig):
+        raise TypeError(f"model must be a TinyLM (an nn.Module with a TinyLMConfig .cfg), got {type(model).__name__}")
+    return model
 
 
 def layer_type(param_name: str) -> str:

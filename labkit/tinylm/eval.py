@@ -27,6 +27,15 @@ def _as_tokens(tokens) -> torch.Tensor:
     return t.long()
 
 
+def _check_model(model) -> None:
+    """A language model here is any nn.Module whose .cfg gives max_seq_len and vocab_size (TinyLM, a quantized
+    copy, or the tests' reference models) and whose forward maps [B, T] ids to [B, T, vocab] logits."""
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(model, torch.nn.Module) or not all(hasattr(cfg, f) for f in ("max_seq_len", "vocab_size")):
+        raise TypeError(f"model must be a TinyLM (an nn.Module with a .cfg giving max_seq_len and vocab_size), "
+                        f"got {type(model).__name__}")
+
+
 def _device(model) -> torch.device:
     """Where the model's weights are (CPU or a GPU); inputs are moved there."""
     return next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -42,6 +51,7 @@ def perplexity(model, tokens, batch_size: int = 16) -> float:
     """
     t = _as_tokens(tokens)
     check_positive_int("batch_size", batch_size)
+    _check_model(model)
     ctx = model.cfg.max_seq_len
     windows = [t[i:i + ctx + 1] for i in range(0, t.numel() - 1, ctx)]
     total_nll, count = 0.0, 0
@@ -70,8 +80,9 @@ def task_correct(model, tasks: list[Task], batch_size: int = 64) -> list[bool]:
 
     Computed with one teacher-forced forward pass per batch: greedy decoding yields the answer iff, at
     every answer position, the argmax given the prompt and the answer so far is the next answer token.
-    (Tested against `TinyLM.generate` in tests/test_eval.py.)
+    (Tested against `TinyLM.generate` in tests/tinylm/test_eval.py.)
     """
+    _check_model(model)
     if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, Task) for t in tasks):
         raise TypeError(f"tasks must be a non-empty list of labkit.tinylm.corpus.Task, got {type(tasks).__name__}")
     if not tasks:

@@ -7,6 +7,7 @@ import torch
 
 from .._checks import check_int, check_number, check_positive_int, is_int
 from .cache import KVCache
+from .config import check_tinylm
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
@@ -20,6 +21,16 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, gen: tor
     return int(torch.multinomial(torch.softmax(logits, -1).float(), 1, generator=gen))
 
 
+def check_prompt(prompt, vocab_size: int) -> list[int]:
+    """`prompt` (token ids: a list, or a 1-D tensor) as a list of ints, or a TypeError that says to encode
+    text first (generate and the decode traces take prompts)."""
+    prompt = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (list, tuple)) or not all(is_int(t) for t in prompt):
+        raise TypeError(f"prompt must be a list of token ids (ints in [0, {vocab_size})); encode text with "
+                        f"ByteTokenizer first, got {str(prompt)[:60]!r}")
+    return list(prompt)
+
+
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
              seed: int = 0, stop_token: int | None = None, use_cache: bool = True) -> list[int]:
@@ -30,11 +41,8 @@ def generate(model, prompt, max_new_tokens: int, temperature: float = 0.0, top_k
     Generation stops after `stop_token` if it is produced. `use_cache=False` recomputes the whole
     sequence for every new token (the baseline of notebook 05).
     """
-    V, ctx = model.cfg.vocab_size, model.cfg.max_seq_len
-    prompt = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
-    if isinstance(prompt, (str, bytes)) or not all(is_int(t) for t in prompt):
-        raise TypeError(f"prompt must be a list of token ids (ints in [0, {V})); encode text with "
-                        f"ByteTokenizer first, got {str(prompt)[:60]!r}")
+    V, ctx = check_tinylm(model).cfg.vocab_size, model.cfg.max_seq_len
+    prompt = check_prompt(prompt, V)
     check_positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
     if not prompt or len(prompt) + max_new_tokens > ctx:
         raise ValueError(f"prompt length {len(prompt)} + max_new_tokens {max_new_tokens} must be in "

@@ -20,7 +20,8 @@ import torch
 
 from .._checks import check_positive_int
 from .cache import KVCache
-from .config import iter_linears
+from .config import check_tinylm, iter_linears
+from .generate import check_prompt
 from .model import RMSNorm
 
 Event = tuple[str, int, int]
@@ -43,6 +44,7 @@ class _RecordingCache(KVCache):
 def record_decode_trace(model, prompt: list[int], n_tokens: int) -> list[list[Event]]:
     """Events of each of `n_tokens` decode steps (greedy, KV cache) after `prompt`; see the module doc."""
     check_positive_int("n_tokens", n_tokens)
+    prompt = check_prompt(prompt, check_tinylm(model).cfg.vocab_size)
     if not prompt or len(prompt) + n_tokens > model.cfg.max_seq_len:
         raise ValueError(f"prompt length {len(prompt)} + n_tokens {n_tokens} must be in [1, {model.cfg.max_seq_len}]")
     weight = next(model.parameters())

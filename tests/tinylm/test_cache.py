@@ -123,3 +123,8 @@ def test_rewind_forgets_positions_and_refuses_to_go_forward():
     with pytest.raises(ValueError, match="length must be an int in \\[0, 12\\], got 13"):
         cache.rewind(13)
     assert cache.length == 12
+
+
+def test_a_dtype_that_is_not_a_torch_dtype_is_refused():
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        lm.KVCache(lm.TinyLMConfig(n_layers=1), dtype="float16")

@@ -98,3 +98,10 @@ def test_the_table_also_describes_a_real_architecture():
         list(lm.iter_linears(nn.Linear(2, 2)))
     with pytest.raises(ValueError, match="types must be some of"):
         list(lm.iter_linears(lm.TinyLM(lm.TinyLMConfig(n_layers=1)), types=("norm",)))
+
+
+def test_from_dict_and_iter_linears_refuse_the_wrong_types():
+    with pytest.raises(TypeError, match="d must be a dict of TinyLMConfig fields, got list"):
+        lm.TinyLMConfig.from_dict([1])
+    with pytest.raises(TypeError, match="types must be a tuple of layer types"):
+        list(lm.iter_linears(lm.TinyLM(lm.TinyLMConfig(n_layers=1)), types="mlp"))

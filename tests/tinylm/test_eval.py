@@ -107,3 +107,9 @@ def test_bad_input_gets_clear_errors(pretrained):
         perplexity(nan_model, [1, 2, 3])
     with pytest.raises(ValueError, match="does not fit the model's context"):
         task_accuracy(model, [data.Task("copy", "x" * 300, "y")])
+
+
+def test_a_model_that_is_not_a_tinylm_is_refused():
+    for call in (lambda: perplexity(None, [1, 2, 3]), lambda: task_correct("model", [])):
+        with pytest.raises(TypeError, match="model must be a TinyLM"):
+            call()

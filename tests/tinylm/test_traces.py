@@ -22,3 +22,14 @@ def test_order_and_kv_growth(trace):
         assert layers == sorted(layers)
         kv = [e for e in events if e[0] == "kv.0.k"]
         assert kv == [("kv.0.k", 0, 5 + 1 + t)]  # prompt of 5, this token: the cache grows by one a step
+
+
+def test_text_and_non_models_are_refused(pretrained):
+    import pytest
+
+    from labkit.tinylm import record_decode_trace as record
+    model, _ = pretrained
+    with pytest.raises(TypeError, match="prompt must be a list of token ids .*encode text with ByteTokenizer"):
+        record(model, "abc", 2)
+    with pytest.raises(TypeError, match="model must be a TinyLM"):
+        record(object(), [1, 2], 2)
