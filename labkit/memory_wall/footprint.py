@@ -104,7 +104,7 @@ def params_read(spec: ModelSpec, batch: int = 1) -> float:
     rows_unread = spec.positions - min(batch, spec.positions)
     if not spec.tied_embeddings:
         rows_unread += spec.vocab_size - min(batch, spec.vocab_size)
-    return spec.n_params - spec.n_layers * (spec.n_experts - experts_read) * expert - rows_unread * spec.d_model
+    return spec.n_params - spec.moe_layers * (spec.n_experts - experts_read) * expert - rows_unread * spec.d_model
 
 
 def decode_flops_per_step(spec: ModelSpec, batch: int = 1, context: int = 2048) -> float:

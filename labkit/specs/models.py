@@ -18,6 +18,7 @@ from ..paths import TINYLM_CHECKPOINT
 from ..tinylm import TinyLMConfig, param_counts
 
 TINYLM_JSON = TINYLM_CHECKPOINT.with_suffix(".json")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 MLPS = ("gelu", "swiglu")          # two matrices (GPT-3, OPT) or three (Llama, Mixtral)
 NORMS = ("layernorm", "rmsnorm")   # weight and bias, or weight only
 
@@ -41,7 +42,18 @@ class ModelSpec:
     bias: linear layers carry biases; positions: learned position embeddings (0 for rotary);
     n_experts / experts_per_token: a mixture of experts replaces each MLP by n_experts MLPs of which
     experts_per_token run for each token (plus a router); published_params / published_active: the totals
-    the authors published (parameters), which tests compare with the computed counts.
+    the authors published (parameters), which tests compare with the computed counts; for a course stand-in
+    (`hypothetical`: its source starts with "hypothetical") they are the totals the course sized it to, an
+    assumption and not a publication.
+
+    DeepSeek-style mixtures (DeepSeek-V3, Kimi K2): moe_d_ff is an expert's width (0: d_ff);
+    n_shared_experts run for every token beside the routed ones; the first `first_dense_layers` layers keep a
+    dense MLP of width d_ff. Multi-head latent attention (MLA, DeepSeek-V2, arXiv:2405.04434, section 2.1)
+    when kv_lora_rank > 0: keys and values are rebuilt from one compressed latent of kv_lora_rank elements
+    per token and layer, plus a shared rotary key of qk_rope_head_dim elements, and only those are cached;
+    queries are compressed to q_lora_rank (0: no query compression); each head has a qk_nope_head_dim +
+    qk_rope_head_dim wide query and key and a v_head_dim wide value.
+
     Validates itself: wrong types raise TypeError, impossible or inconsistent values ValueError."""
     name: str
     n_layers: int
@@ -61,6 +73,14 @@ class ModelSpec:
     published_params: float | None = None
     published_active: float | None = None
     source: str = ""
+    moe_d_ff: int = 0
+    n_shared_experts: int = 0
+    first_dense_layers: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self):
         """Refuse what no transformer has: a wrong type is a TypeError, an impossible value a ValueError."""
@@ -70,7 +90,8 @@ class ModelSpec:
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "context", "n_experts",
                   "experts_per_token"):
             object.__setattr__(self, f, check_positive_int(f, getattr(self, f)))  # numpy ints stored as int
-        object.__setattr__(self, "positions", check_positive_int("positions", self.positions, allow_zero=True))
+        for f in ("positions", *MLA_FIELDS, "moe_d_ff", "n_shared_experts", "first_dense_layers"):
+            object.__setattr__(self, f, check_positive_int(f, getattr(self, f), allow_zero=True))
         check_choice("mlp", self.mlp, MLPS)
         check_choice("norm", self.norm, NORMS)
         check_bool("bias", self.bias)
@@ -84,36 +105,82 @@ class ModelSpec:
                              f"{self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}")
         if self.experts_per_token > self.n_experts:
             fail("experts_per_token", self.experts_per_token, f"<= n_experts ({self.n_experts})")
+        if self.first_dense_layers >= self.n_layers:
+            fail("first_dense_layers", self.first_dense_layers, f"< n_layers ({self.n_layers})")
+        if self.n_experts == 1:
+            for f in ("moe_d_ff", "n_shared_experts", "first_dense_layers"):
+                if getattr(self, f):
+                    fail(f, getattr(self, f), "0 for a dense model (n_experts=1)")
+        if self.kv_lora_rank:
+            for f in MLA_FIELDS[2:]:
+                if not getattr(self, f):
+                    fail(f, getattr(self, f), "a positive int when kv_lora_rank > 0 (multi-head latent attention)")
+            if self.n_kv_heads != self.n_heads or self.bias:
+                raise ValueError(f"multi-head latent attention has one latent for all heads and no biases: "
+                                 f"n_kv_heads must equal n_heads ({self.n_heads}) and bias be False, got "
+                                 f"n_kv_heads={self.n_kv_heads}, bias={self.bias}")
+        elif any(getattr(self, f) for f in MLA_FIELDS):
+            f = next(f for f in MLA_FIELDS if getattr(self, f))
+            fail(f, getattr(self, f), "0 unless kv_lora_rank > 0 (multi-head latent attention)")
         if self.published_active is not None and self.published_params is not None \
                 and self.published_active > self.published_params:
             fail("published_active", self.published_active, f"<= published_params ({self.published_params:g})")
 
     @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (kv_lora_rank > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def hypothetical(self) -> bool:
+        """True for a course stand-in (its published_params is the course's assumption, not a publication)."""
+        return self.source.startswith("hypothetical")
+
+    @property
     def head_dim(self) -> int:
-        """Width of one attention head: d_model / n_heads."""
-        return self.d_model // self.n_heads
+        """Width of one attention head's query and key: d_model / n_heads (MLA: nope + rope widths)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.d_model // self.n_heads
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return self.n_layers - self.first_dense_layers if self.n_experts > 1 else 0
+
+    def _mlp(self, width: int) -> int:
+        """Parameters of one MLP (or one expert) of `width` hidden units."""
+        n_mats = 3 if self.mlp == "swiglu" else 2
+        return n_mats * self.d_model * width + ((n_mats - 1) * width + self.d_model if self.bias else 0)
+
+    def _attention(self) -> tuple[int, int]:
+        """(linear-layer parameters, norm parameters) of one layer's attention."""
+        d, h = self.d_model, self.n_heads
+        if not self.is_mla:
+            q_out, kv_out = h * self.head_dim, self.n_kv_heads * self.head_dim
+            return 2 * d * q_out + 2 * d * kv_out + (q_out + 2 * kv_out + d if self.bias else 0), 0
+        q = h * self.head_dim
+        q_proj = d * self.q_lora_rank + self.q_lora_rank * q if self.q_lora_rank else d * q
+        kv = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * h * (
+            self.qk_nope_head_dim + self.v_head_dim)
+        return q_proj + kv + h * self.v_head_dim * d, self.q_lora_rank + self.kv_lora_rank
 
     def counts(self) -> dict[str, int]:
-        """Parameters by layer type (embedding, attention, mlp, norm, router) and their total."""
-        d, hd = self.d_model, self.head_dim
-        q_out, kv_out = self.n_heads * hd, self.n_kv_heads * hd
-        attention = d * q_out + 2 * d * kv_out + q_out * d
-        n_mats = 3 if self.mlp == "swiglu" else 2
-        expert = n_mats * d * self.d_ff
-        if self.bias:
-            attention += q_out + 2 * kv_out + d
-            expert += (n_mats - 1) * self.d_ff + d
+        """Parameters by layer type (embedding, attention, mlp, norm, router) and their total; `expert_mlp`
+        is one expert of one layer (one MLP for a dense model)."""
+        d = self.d_model
+        expert = self._mlp(self.moe_d_ff or self.d_ff)
+        attention, attention_norms = self._attention()
         norm_size = 2 * d if self.norm == "layernorm" else d
-        router = d * self.n_experts if self.n_experts > 1 else 0
+        experts_per_layer = self.n_experts + self.n_shared_experts
         out = {
             "embedding": self.vocab_size * d * (1 if self.tied_embeddings else 2) + self.positions * d,
             "attention": self.n_layers * attention,
-            "mlp": self.n_layers * self.n_experts * expert,
-            "norm": (2 * self.n_layers + 1) * norm_size,
-            "router": self.n_layers * router,
+            "mlp": (self.n_layers - self.moe_layers) * self._mlp(self.d_ff) + self.moe_layers * experts_per_layer
+            * expert,
+            "norm": (2 * self.n_layers + 1) * norm_size + self.n_layers * attention_norms,
+            "router": self.moe_layers * d * self.n_experts,
         }
         out["total"] = sum(out.values())
-        out["expert_mlp"] = expert  # one expert of one layer
+        out["expert_mlp"] = expert
         return out
 
     @property
@@ -125,12 +192,16 @@ class ModelSpec:
     def active_params(self) -> int:
         """Parameters read to produce one token: all but the experts that the router did not pick."""
         c = self.counts()
-        idle = self.n_layers * (self.n_experts - self.experts_per_token) * c["expert_mlp"]
+        idle = self.moe_layers * (self.n_experts - self.experts_per_token) * c["expert_mlp"]
         return c["total"] - idle
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> int:
-        """KV-cache bytes per token of context for one sequence."""
-        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, bytes_per_element)
+        """KV-cache bytes per token of context for one sequence. MLA caches one latent of kv_lora_rank +
+        qk_rope_head_dim elements per layer (DeepSeek-V3: (512 + 64) x 61 x 2 bytes = 70,272)."""
+        if not self.is_mla:
+            return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, bytes_per_element)
+        b = check_positive("bytes_per_element", bytes_per_element)
+        return math.ceil((self.kv_lora_rank + self.qk_rope_head_dim) * self.n_layers * b)
 
 
 @cache
@@ -162,6 +233,24 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
                      "mistral.ai/news/mixtral-of-experts: 46.7B total, 12.9B per token"),
     ModelSpec("dense-320b", 100, 16384, 128, 8, 53248, 128256, 8192, published_params=320e9,
               source="hypothetical: the source material's 320B model, given Llama-3-405B widths and 100 layers"),
+    ModelSpec("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072, published_params=405e9,
+              source="Llama Team, The Llama 3 Herd of Models (arXiv:2407.21783), Table 3: 126 layers, model "
+                     "dimension 16,384, FFN 53,248, 128 heads, 8 KV heads; 405B parameters"),
+    ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 131072, n_experts=256, experts_per_token=8,
+              moe_d_ff=2048, n_shared_experts=1, first_dense_layers=3, q_lora_rank=1536, kv_lora_rank=512,
+              qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, published_params=671e9,
+              published_active=37e9,
+              source="DeepSeek-AI, DeepSeek-V3 Technical Report (arXiv:2412.19437), section 4.2: 61 layers, "
+                     "hidden 7168, 128 heads, MLA d_c=512, d_h^R=64, 1 shared + 256 routed experts of 2048, "
+                     "top-8, first 3 layers dense; 671B total, 37B active (the 14B multi-token-prediction "
+                     "module is not counted)"),
+    ModelSpec("kimi-k2", 61, 7168, 64, 64, 18432, 163840, 131072, n_experts=384, experts_per_token=8,
+              moe_d_ff=2048, n_shared_experts=1, first_dense_layers=1, q_lora_rank=1536, kv_lora_rank=512,
+              qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, published_params=1.04e12,
+              published_active=32e9,
+              source="Kimi Team, Kimi K2: Open Agentic Intelligence (arXiv:2507.20534), Table 2, and the "
+                     "released config.json: 61 layers, hidden 7168, 64 heads, MLA, 384 experts of 2048, top-8, "
+                     "1 shared, first layer dense; 1.04T total, 32B activated"),
     ModelSpec("moe-3t", 77, 12288, 96, 8, 16384, 128256, 8192, n_experts=64, experts_per_token=2,
               published_params=3e12,
               source="hypothetical: the source material's 3-trillion-parameter model as a 64-expert, top-2 MoE"),
