@@ -58,6 +58,17 @@ def check_positive_int(name: str, value: Any, unit: str = "", allow_zero: bool =
     return int(value)
 
 
+def _as_float(name: str, value: Any, what: str) -> float:
+    """`value` as a float: a TypeError when it is not a number, a ValueError for an int beyond float's range
+    (10**400)."""
+    if not is_number(value):
+        fail(name, value, what, TypeError)
+    try:
+        return float(value)
+    except OverflowError:
+        fail(name, value, what)
+
+
 def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
                  low_open: bool = False, high_open: bool = False, unit: str = "") -> float:
     """A finite real number in the interval given by low/high ('(' with low_open, ')' with high_open)."""
@@ -71,9 +82,7 @@ def check_number(name: str, value: Any, low: float | None = None, high: float | 
     else:
         where = f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     what = f"a finite number{where}{unit}"
-    if not is_number(value):
-        fail(name, value, what, TypeError)
-    v = float(value)
+    v = _as_float(name, value, what)
     if not math.isfinite(v) or (low is not None and (v < low or (low_open and v == low))) \
             or (high is not None and (v > high or (high_open and v == high))):
         fail(name, value, what)
@@ -84,9 +93,7 @@ def check_positive(name: str, value: Any, unit: str = "", allow_zero: bool = Fal
     """A finite number > 0 (>= 0 with allow_zero)."""
     unit = f" ({unit})" if unit else ""
     what = f"a {'non-negative' if allow_zero else 'positive'} finite number{unit}"
-    if not is_number(value):
-        fail(name, value, what, TypeError)
-    v = float(value)
+    v = _as_float(name, value, what)
     if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
         fail(name, value, what)
     return v

@@ -82,3 +82,9 @@ def test_long_values_are_shortened_in_messages():
     with pytest.raises(TypeError) as err:
         c.check_int("n", "z" * 1000)
     assert len(str(err.value)) < 200 and str(err.value).endswith("...")
+
+
+def test_an_int_beyond_the_range_of_a_float_is_a_value_error_not_an_overflow():
+    for check in (lambda v: c.check_number("x", v), lambda v: c.check_positive("x", v)):
+        with pytest.raises(ValueError, match=r"^x must be a .*finite number"):
+            check(10**400)
