@@ -50,25 +50,44 @@ def _rounded(v):
     return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
-def _exact_dtype(x) -> bool:
-    """Integer and bool answers must come in the asked dtype (int8 codes are not int32 codes)."""
+def _kind(x) -> str:
+    """numpy's dtype kind of a tensor or an array: "b" bool, "i"/"u" integers, "f" floats, "c" complex."""
     if isinstance(x, torch.Tensor):
-        return not (x.is_floating_point() or x.is_complex())
-    return x.dtype.kind in "biu"
+        if x.is_floating_point():
+            return "f"
+        if x.is_complex():
+            return "c"
+        return "b" if x.dtype == torch.bool else "u" if x.dtype == torch.uint8 else "i"
+    return x.dtype.kind
 
 
-def same(got: Any, expected: Any, rtol: float = 1e-6, atol: float = 1e-9) -> bool:
-    """Equality for answers: exact for ints, strings and bools; close for floats, tensors and arrays (same
-    shape, and the same dtype when the expected one is an integer or bool type); recursive for dicts,
-    lists and tuples."""
+def _same_dtype(got, expected) -> bool:
+    """Integer and bool answers must come in the asked dtype (int8 codes are not int32 codes); float and
+    complex answers in the asked kind, at any width (float64 for float32 is fine, int64 for float32 is not)."""
+    if _kind(expected) in "biu":
+        return got.dtype == expected.dtype
+    return _kind(got) == _kind(expected)
+
+
+def _is_bool(x) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
+RTOL, ATOL = 1e-6, 1e-9  # the default tolerance: an answer off by 1e-5 relative fails
+
+
+def same(got: Any, expected: Any, rtol: float = RTOL, atol: float = ATOL) -> bool:
+    """Equality for answers: exact for ints, strings and bools (a bool is not a number: True is not 1, 1 is
+    not True); close for floats, tensors and arrays (same shape; the same dtype when the expected one is an
+    integer or bool type, the same kind, float or complex, otherwise: an int tensor is no answer for a float
+    one); recursive for dicts, lists and tuples."""
     if isinstance(expected, torch.Tensor):
-        return (isinstance(got, torch.Tensor) and got.shape == expected.shape
-                and (got.dtype == expected.dtype or not _exact_dtype(expected))
+        return (isinstance(got, torch.Tensor) and got.shape == expected.shape and _same_dtype(got, expected)
                 and torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol))
     if isinstance(expected, np.ndarray):
         if not isinstance(got, np.ndarray):
             got = np.asarray(got)
-        return (got.shape == expected.shape and (got.dtype == expected.dtype or not _exact_dtype(expected))
+        return (got.shape == expected.shape and _same_dtype(got, expected)
                 and bool(np.allclose(got, expected, rtol=rtol, atol=atol)))
     if isinstance(expected, dict):
         return (isinstance(got, dict) and set(got) == set(expected)
@@ -76,11 +95,13 @@ def same(got: Any, expected: Any, rtol: float = 1e-6, atol: float = 1e-9) -> boo
     if isinstance(expected, (list, tuple)):
         return (isinstance(got, (list, tuple)) and len(got) == len(expected)
                 and all(same(g, e, rtol, atol) for g, e in zip(got, expected)))
-    if isinstance(expected, (bool, str)):
+    if _is_bool(expected) or _is_bool(got):
+        return _is_bool(got) and _is_bool(expected) and bool(got) == bool(expected)
+    if isinstance(expected, str):
         return got == expected
-    if isinstance(expected, int) and isinstance(got, int) and not isinstance(got, bool):
+    if isinstance(expected, int) and isinstance(got, int):
         return got == expected
-    if isinstance(expected, (int, float)) and not isinstance(got, (bool, str)):
+    if isinstance(expected, (int, float)) and not isinstance(got, str):
         try:
             return math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol)
         except (TypeError, ValueError):
@@ -88,15 +109,22 @@ def same(got: Any, expected: Any, rtol: float = 1e-6, atol: float = 1e-9) -> boo
     return got == expected
 
 
+def _numpy(x) -> np.ndarray:
+    """A tensor or array-like as a numpy array (bfloat16, which numpy lacks, as float32)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+    return np.asarray(x)
+
+
 def _first_difference(got, expected) -> str:
     """Shape, dtype or the first differing element of two tensors / arrays, in words."""
-    g = got.detach().cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
-    e = expected.detach().cpu().numpy() if isinstance(expected, torch.Tensor) else np.asarray(expected)
+    g, e = _numpy(got), _numpy(expected)
     if g.shape != e.shape:
         return f"{_short(got)}, expected shape {list(e.shape)}"
-    if g.dtype != e.dtype and e.dtype.kind in "biu":
+    if not _same_dtype(got if isinstance(got, torch.Tensor) else g, expected):
         return f"dtype {str(got.dtype).removeprefix('torch.')}, expected {str(expected.dtype).removeprefix('torch.')}"
-    close = np.isclose(g.astype(np.float64), e.astype(np.float64), rtol=1e-6, atol=1e-9) if g.size else np.ones(0, bool)
+    close = np.isclose(g.astype(np.float64), e.astype(np.float64), rtol=RTOL, atol=ATOL) if g.size else np.ones(0, bool)
     if close.all():
         return f"{_short(got)}, expected {_short(expected)} (within tolerance element by element)"
     where = tuple(int(i) for i in np.argwhere(~close)[0])
@@ -137,8 +165,8 @@ class Exercise:
     cases: Sequence[tuple] = ()
     random_case: Callable[[Rng], tuple] | None = None
     n_random: int = 20
-    rtol: float = 1e-6
-    atol: float = 1e-9
+    rtol: float = RTOL
+    atol: float = ATOL
     compare: Callable[[Any, Any], bool] | None = field(default=None, repr=False)
 
     def check(self, fn: Callable, seed: int = 0) -> Callable:
@@ -149,7 +177,7 @@ class Exercise:
 def exercise(fn: Callable, reference: Callable | Exercise, cases: Sequence[tuple] = (),
              random_case: Callable[[Rng], tuple] | None = None, n_random: int = 20, seed: int = 0,
              compare: Callable[[Any, Any], bool] | None = None, name: str | None = None,
-             rtol: float = 1e-6, atol: float = 1e-9) -> Callable:
+             rtol: float = RTOL, atol: float = ATOL) -> Callable:
     """Run `fn` and `reference` on every fixed case (a tuple of arguments) and on `n_random` cases made by
     `random_case(rng)`; print one verdict line; return `fn` if it matched everywhere, else `reference`.
     `reference` may be an Exercise, which then supplies the cases, the generator and the tolerance.

@@ -24,14 +24,26 @@ def fixed(value: float, digits: int = 3) -> str:
 
 
 def table(rows: list[dict], digits: int = 3) -> str:
-    """Rows of dicts as an aligned text table (floats at `digits` significant digits, in fixed point)."""
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise TypeError(f"rows must be a list of dicts, got {type(rows).__name__}")
+    """Rows of dicts as an aligned text table (floats at `digits` significant digits, in fixed point).
+
+    The columns are the first row's keys, in its order; every row must have exactly those keys (in any
+    order). A row with a key missing or one more is refused, naming the row and both sets of keys, rather
+    than printed with a blank cell or a column silently dropped: fill the gap explicitly ("" or "-")."""
+    if not isinstance(rows, list):
+        fail("rows", rows, "a list of dicts", TypeError)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            fail(f"rows[{i}]", row, "a dict", TypeError)
+    digits = check_positive_int("digits", digits)
     if not rows:
         return "(no rows)"
-    fmt = lambda v: fixed(v, digits) if isinstance(v, float) else str(v)  # noqa: E731
     cols = list(rows[0])
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    for i, row in enumerate(rows[1:], start=1):
+        if set(row) != set(cols):
+            missing, extra = [c for c in cols if c not in row], [k for k in row if k not in rows[0]]
+            fail(f"rows[{i}]", row, f"a dict with the keys of rows[0], {cols} (missing {missing}, extra {extra})")
+    fmt = lambda v: fixed(v, digits) if isinstance(v, float) else str(v)  # noqa: E731
+    cells = [[fmt(r[c]) for c in cols] for r in rows]
     width = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, width))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, width)) for row in cells]

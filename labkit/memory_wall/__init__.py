@@ -1,10 +1,11 @@
 """Lab 01, the memory wall: footprints (the capacity wall), the roofline and decode ceilings (the
 bandwidth wall), this machine's own measurements and the verdicts they can carry (verdicts: medians,
-interleaved ratios, "unreliable" on a busy machine; notebooks 00, 01 and 03 use them), offloading, cost, a
-calculator, the fact-check of the source material's claims (factcheck), notebook 01's plots (explore) and
-its exercises."""
+interleaved ratios, "unreliable" on a busy machine; notebooks 00, 01 and 03 use them), offloading (offload;
+transfer sweeps where "30-50% of the time on transfers" holds), cost, a calculator, the fact-check of the
+source material's claims (factcheck), notebook 01's plots (explore) and its exercises."""
 
-from . import calculator, cost, exercises, explore, factcheck, footprint, hardware, offload, roofline, verdicts
+from . import (calculator, cost, exercises, explore, factcheck, footprint, hardware, offload, roofline, transfer,
+               verdicts)
 
 __all__ = ["calculator", "cost", "exercises", "explore", "factcheck", "footprint", "hardware", "offload", "roofline",
-           "verdicts"]
+           "transfer", "verdicts"]

@@ -5,6 +5,8 @@ these functions draw or lay them out.
     plot_footprint(labels, parts, capacity, capacity_label, title)   stacked bars of GB per setting
     plot_ceilings(curves, title)                                     tokens/s against batch, log-log
     plot_link_share(offloaded, shares, title)                        % of a step's time spent on the link
+    region_table(region)                                             transfer.region's rows as text
+    plot_share_region(rows, title)                                   where the 30-50% claim holds (transfer.sweep)
 
 Each returns the matplotlib Axes; the cell ends with plt.show(). The roofline itself is
 roofline.plot_roofline (notebooks 01 and 03 draw it), the calculator's sliders calculator.calculator.
@@ -17,7 +19,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .._checks import check_fraction, check_positive, check_positive_int, check_type, fail
+from .._checks import check_positive, check_positive_int, check_type, fail
+from .transfer import check_band, setting
 from ..course import Timing, table
 
 # hardware.measure_memory's kernels, in the order the table lists them, and how each is described
@@ -129,15 +132,59 @@ def plot_link_share(offloaded: Sequence[int], shares: Mapping[str, Sequence[floa
     lines = _named_series("shares", shares)
     if any(len(s) != len(x) or np.any(s > 1) for s in lines.values()):
         fail("shares", shares, f"fractions in [0, 1], one per offloaded count ({len(x)}) in every line")
-    if not isinstance(band, (tuple, list)) or len(band) != 2:
-        fail("band", band, "a (low, high) pair of fractions", TypeError)
-    low, high = (check_fraction("band", v, allow_zero=True) for v in band)
-    if low > high:
-        fail("band", band, "(low, high) with low <= high")
+    low, high = check_band(band)
     ax = _axes(ax, (8, 3.5))
     for label, s in lines.items():
         ax.plot(x, s * 100, "o-", ms=3, label=label)
     ax.axhspan(low * 100, high * 100, color="orange", alpha=0.2, label=f"the claim: {low * 100:.0f}-{high * 100:.0f}%")
     ax.set_xlabel(f"layers offloaded (of {n_layers})"), ax.set_ylabel("% of step time on the link")
     ax.set_title(title), ax.legend()
+    return ax
+
+
+def region_table(region: Sequence[Mapping]) -> str:
+    """Section 5: transfer.region's rows as a table: the setting, the workload, the fewest layers that must be
+    offloaded (and the link's share then), the layers offloaded that put 30-50% on the link, and those of
+    them that fit on the GPU ("-" for none)."""
+    need = {"gpu", "link", "workload", "fewest", "share_then", "in_band", "in_band_possible"}
+    if isinstance(region, (str, bytes)) or not isinstance(region, Sequence) or not region or not all(
+            isinstance(r, Mapping) and need <= set(r) for r in region):
+        fail("region", region, "a non-empty list of rows from transfer.region()", TypeError)
+    return table([{"setting": setting(r["gpu"], r["link"]), "workload": r["workload"],
+                   "must offload": "nothing fits" if r["fewest"] is None else str(r["fewest"]),
+                   "share then": "-" if r["share_then"] is None else f"{r['share_then']:.0%}",
+                   "30-50% with": r["in_band"], "of them possible": r["in_band_possible"]} for r in region])
+
+
+# plot_share_region's four kinds of cell: (colour, legend)
+REGION_COLOURS = (("white", "outside the band, fits"), ("tab:orange", "in the band, fits: the claim holds"),
+                  ("navajowhite", "in the band, does not fit on the GPU"), ("lightgrey", "outside, does not fit"))
+
+
+def plot_share_region(rows: Sequence[Mapping], title: str, band: tuple[float, float] = (0.3, 0.5), ax=None):
+    """Section 5: transfer.sweep's rows as a map, one line per (gpu + link, workload), one column per number
+    of layers offloaded; orange where the link's share lies in `band` and what stays fits on the GPU.
+    Returns the Axes; its image holds the category of every cell (0-3, REGION_COLOURS' order)."""
+    from matplotlib.colors import ListedColormap
+
+    check_type("title", title, str)
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows or not all(
+            isinstance(r, Mapping) and {"gpu", "link", "workload", "offloaded", "share", "fits"} <= set(r) for r in rows):
+        fail("rows", rows, "a non-empty list of rows from transfer.sweep()", TypeError)
+    low, high = check_band(band)
+    lines = list(dict.fromkeys((r["gpu"], r["link"], r["workload"]) for r in rows))
+    width = 1 + max(r["offloaded"] for r in rows)
+    grid = np.zeros((len(lines), width))
+    for r in rows:
+        inside = low <= r["share"] <= high
+        grid[lines.index((r["gpu"], r["link"], r["workload"])), r["offloaded"]] = \
+            (1 if inside else 0) if r["fits"] else (2 if inside else 3)
+    ax = _axes(ax, (9, 0.22 * len(lines) + 1.5))
+    ax.imshow(grid, cmap=ListedColormap([c for c, _ in REGION_COLOURS]), vmin=-0.5, vmax=3.5, aspect="auto",
+              interpolation="nearest")
+    ax.set_yticks(range(len(lines)), [f"{setting(g, ln)}, {w}" for g, ln, w in lines], fontsize=7)
+    ax.set_xlabel("layers offloaded"), ax.set_title(title)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="k", label=label) for c, label in REGION_COLOURS], fontsize=7,
+              loc="upper center", bbox_to_anchor=(0.5, -0.6 / (0.22 * len(lines) + 1.5)), ncol=2)
     return ax

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .roofline import decode_ceiling, weight_bytes
-from .._checks import check_positive, check_positive_int, check_type, fail, is_number
+from .._checks import check_number, check_positive, check_positive_int, check_type, fail, is_number
 from ..specs import ModelSpec
 
 # Bits per weight as stored, scales and zero points included (one fp16 scale, and for asymmetric formats
@@ -28,6 +28,10 @@ PRECISIONS: dict[str, float] = {
 
 
 def _spec(spec) -> ModelSpec:
+    """A ModelSpec; a preset's name instead of one is refused with the call that makes the spec."""
+    if isinstance(spec, str):
+        fail("spec", spec, f"a labkit.specs.ModelSpec, not a name: labkit.specs.model({spec!r}) makes one",
+             TypeError)
     return check_type("spec", spec, ModelSpec, "a labkit.specs.ModelSpec")
 
 
@@ -147,9 +151,9 @@ def devices_needed(spec: ModelSpec, precision: str | float, batch: int, context:
     """How many devices of `memory_bytes` bytes hold the weights at `precision` plus the KV cache of `batch`
     sequences of `context` tokens (notebook 01's tables and plots, and the calculator). Activations are left
     out: they are transient, and servers prefill long prompts in chunks to keep them small."""
-    memory = check_positive("memory_bytes", memory_bytes, unit="bytes")
+    memory = check_number("memory_bytes", memory_bytes, low=1, unit="bytes")
     f = footprint(spec, precision, batch, context, kv_bytes_per_element)
-    return max(1, math.ceil((f["weights"] + f["kv_cache"]) / memory))
+    return max(1, math.ceil((f["weights"] + f["kv_cache"]) / memory))  # memory >= 1 byte: a finite count
 
 
 def fits(spec: ModelSpec, precision: str | float, batch: int, context: int, memory_bytes: int,

@@ -1,5 +1,5 @@
 """Layer offloading: which layers stay on the accelerator, and what the rest costs (notebook 02, section 7;
-notebook 01 computes the same step time with roofline.offload_time).
+notebook 01 computes the same step time with roofline.offload_time, and sweeps it in transfer.py).
 
 `plan_device_map` places layers in order on the devices of `max_memory` (e.g. gpu, then cpu, then disk),
 the way accelerate's `infer_auto_device_map` does: on the first device it keeps room for the largest layer
@@ -21,8 +21,8 @@ head) goes to the device only when N > n_layer. Time per token from roofline.off
 
 from __future__ import annotations
 
-from .roofline import offload_time, weight_bytes
-from .._checks import check_int, check_number, check_positive_int, check_type, fail
+from .roofline import offload_time
+from .._checks import check_number, check_positive_int, check_type, fail
 
 
 def _byte_counts(name: str, sizes: dict | list, keys: bool) -> None:
@@ -92,21 +92,3 @@ def share_range(curve: list[dict], low: float = 0.3, high: float = 0.5) -> list[
     if low > high:
         fail("high", high, f">= low ({low:g})")
     return [c["k"] for c in curve if low <= c["transfer_share"] <= high]
-
-
-def stream_shares(n_params: float, n_layers: int, offloaded, device_bandwidth: float, link_bandwidth: float,
-                  tokens: int = 1, peak_flops: float | None = None, bits: float = 16) -> list[float]:
-    """Notebook 01, section 5 and its fact-check: the share of one step's time spent on the link when `k` of
-    `n_layers` equal layers (the model's `n_params` weights at `bits` bits, spread evenly over its layers)
-    are streamed over `link_bandwidth` bytes/s and the rest are read at `device_bandwidth`, for each k in
-    `offloaded`. The step processes `tokens` tokens (2 x n_params x tokens FLOP); with `peak_flops` (FLOP/s)
-    the device's part is at least that compute time, without it the step counts bytes only."""
-    n_layers = check_positive_int("n_layers", n_layers, unit="layers")
-    tokens = check_positive_int("tokens", tokens, unit="tokens")
-    if isinstance(offloaded, (str, bytes)) or not hasattr(offloaded, "__iter__"):
-        fail("offloaded", offloaded, "a list of layer counts", TypeError)
-    counts = [check_int("offloaded", k, 0, n_layers, unit="layers") for k in offloaded]
-    layer = weight_bytes(n_params, bits) / n_layers
-    flops = 0.0 if peak_flops is None else 2 * n_params * tokens
-    return [offload_time((n_layers - k) * layer, k * layer, device_bandwidth, link_bandwidth, flops=flops,
-                         peak_flops=peak_flops)["transfer_share"] for k in counts]

@@ -20,6 +20,7 @@ CACM 2009): a kernel that does `F` FLOP while moving `B` bytes has arithmetic in
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -37,9 +38,11 @@ def weight_bytes(n_params: float, bits_per_weight: float) -> float:
 
 def decode_ceiling(bytes_per_token: float, bandwidth: float) -> float:
     """Upper bound on decoding speed in tokens/s when every token must read `bytes_per_token` bytes
-    (all active weights, plus the KV cache read so far) through memory of `bandwidth` bytes/s."""
-    bw = check_positive("bandwidth", bandwidth, unit="bytes/s")
-    return bw / check_positive("bytes_per_token", bytes_per_token, unit="bytes")
+    (all active weights, plus the KV cache read so far) through memory of `bandwidth` bytes/s. Both are at
+    least 1 (a token reads at least a byte; a memory moves at least a byte a second), so the ceiling is
+    always a finite number > 0: 1e-300 bytes per token is refused, not answered with inf."""
+    bw = check_number("bandwidth", bandwidth, low=1, unit="bytes/s")
+    return bw / check_number("bytes_per_token", bytes_per_token, low=1, unit="bytes")
 
 
 def attainable_flops(intensity, peak_flops: float, bandwidth: float):
@@ -61,7 +64,11 @@ def attainable_flops(intensity, peak_flops: float, bandwidth: float):
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
     """Intensity in FLOP/byte where a device turns from memory-bound to compute-bound."""
     peak = check_positive("peak_flops", peak_flops, unit="FLOP/s")
-    return peak / check_positive("bandwidth", bandwidth, unit="bytes/s")
+    bw = check_positive("bandwidth", bandwidth, unit="bytes/s")
+    ridge = peak / bw
+    if not (0 < ridge < math.inf):  # e.g. 1e15 FLOP/s over 1e-300 bytes/s
+        raise ValueError(f"peak_flops / bandwidth must be a finite ratio > 0 (FLOP/byte), got {peak!r} / {bw!r}")
+    return ridge
 
 
 def matmul_intensity(m: int, n: int, k: int, bytes_per_element: float = 2) -> float:
@@ -69,7 +76,7 @@ def matmul_intensity(m: int, n: int, k: int, bytes_per_element: float = 2) -> fl
     2mnk / ((mk + kn + mn) * bytes_per_element). Decoding one token is m = batch size: about m FLOP/byte
     at 2 bytes per weight, far left of every ridge point."""
     m, n, k = (check_positive_int(name, v) for name, v in (("m", m), ("n", n), ("k", k)))
-    b = check_positive("bytes_per_element", bytes_per_element, unit="bytes")
+    b = check_number("bytes_per_element", bytes_per_element, low=1 / 8, unit="bytes, at least one bit")
     return 2 * m * n * k / ((m * k + k * n + m * n) * b)
 
 
@@ -95,23 +102,30 @@ def offload_time(resident_bytes: float, offloaded_bytes: float, device_bandwidth
     if resident + offloaded == 0:
         raise ValueError("resident_bytes + offloaded_bytes must be > 0, got 0 and 0")
     dev_bw = check_positive("device_bandwidth", device_bandwidth, unit="bytes/s")
+    # a bandwidth the mode does not use is still checked when given: a typo must not pass unnoticed
+    link_bw, host_bw = (None if v is None else check_positive(name, v, unit="bytes/s")
+                        for name, v in (("link_bandwidth", link_bandwidth), ("host_bandwidth", host_bandwidth)))
     work = check_positive("flops", flops, unit="FLOP", allow_zero=True)
     if peak_flops is None and work:
         raise ValueError("peak_flops is required when flops > 0, got None")
     peak = None if peak_flops is None else check_positive("peak_flops", peak_flops, unit="FLOP/s")
     compute_s = work / peak if work else 0.0
     if mode == "stream":
-        if link_bandwidth is None:
+        if link_bw is None:
             raise ValueError("link_bandwidth is required when mode='stream', got None")
-        transfer_s = offloaded / check_positive("link_bandwidth", link_bandwidth, unit="bytes/s")
+        transfer_s = offloaded / link_bw
         device_s, host_s = max((resident + offloaded) / dev_bw, compute_s), 0.0
     else:
-        if host_bandwidth is None:
+        if host_bw is None:
             raise ValueError("host_bandwidth is required when mode='split', got None")
-        host_s = offloaded / check_positive("host_bandwidth", host_bandwidth, unit="bytes/s")
+        host_s = offloaded / host_bw
         device_s = max(resident / dev_bw, compute_s * resident / (resident + offloaded))
         transfer_s = 0.0
     total = device_s + transfer_s + host_s
+    if not (0 < total < math.inf):  # bytes and bandwidths so far apart that the time over- or underflows
+        fail("the bytes and bandwidths", total, "such that the step takes a finite time > 0 seconds (resident_bytes="
+             f"{resident!r}, offloaded_bytes={offloaded!r}, device_bandwidth={dev_bw!r}, link_bandwidth={link_bw!r}, "
+             f"host_bandwidth={host_bw!r}); the step time in seconds")
     return {"time_s": total, "device_s": device_s, "transfer_s": transfer_s, "host_s": host_s,
             "transfer_share": transfer_s / total}
 

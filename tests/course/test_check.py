@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -137,3 +138,52 @@ def test_integer_answers_must_come_in_the_asked_dtype_and_tensors_print_short(ca
     line = capsys.readouterr().out
     assert "codes(tensor(shape [8, 8], float32)) returned dtype int32, expected int8" in line and len(line) < 200
     assert check.same(torch.ones(2, dtype=torch.float64), torch.ones(2))  # floats: any float dtype
+
+
+@pytest.mark.parametrize("got, expected", [
+    (True, 1), (1, True), (False, 0), (0, False), (True, 1.0), (1.0, True), (np.True_, 1), (1, np.True_),
+])
+def test_a_bool_is_not_a_number_and_a_number_is_not_a_bool(got, expected):
+    assert check.same(got, expected) is False
+    assert check.same(expected, expected) is True
+
+
+@pytest.mark.parametrize("got, expected", [
+    (torch.tensor([1, 2]), torch.tensor([1.0, 2.0])),                    # int for float
+    (torch.tensor([1.0, 2.0]), torch.tensor([1, 2])),                    # float for int
+    (torch.tensor([True, False]), torch.tensor([1.0, 0.0])),             # bool for float
+    (torch.tensor([1.0, 0.0]), torch.tensor([True, False])),             # float for bool
+    (torch.tensor([1 + 0j]), torch.tensor([1.0])),                       # complex for float
+    (np.array([1, 2]), np.array([1.0, 2.0])), (np.array([1.0, 2.0]), np.array([1, 2])),
+    ([1, 2], np.array([1.0, 2.0])),                                       # a list of ints for float values
+])
+def test_the_dtype_kind_of_a_tensor_or_an_array_must_be_the_asked_one(got, expected):
+    assert check.same(got, expected) is False
+    if not isinstance(got, list):
+        assert check.difference(got, expected).startswith(f"dtype {str(got.dtype).removeprefix('torch.')}, expected ")
+
+
+def test_float_answers_may_come_at_any_float_width():
+    assert check.same(torch.ones(2, dtype=torch.float16), torch.ones(2))
+    assert check.same(torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.float64))
+    assert check.same(np.ones(2, dtype=np.float32), np.ones(2))
+    assert check.same([1.0, 2.0], np.array([1.0, 2.0]))
+
+
+# The default tolerance, by hand: rtol 1e-6. An answer off by 1e-5 relative is wrong; one off by 1e-7 is not.
+# (A default loosened 100x, to 1e-4, would let the first through: these catch it at every entry point.)
+@pytest.mark.parametrize("expected", [3.0, 7.25e9, -2.5e-3])
+def test_an_answer_off_by_1e_5_relative_fails_the_default_check(expected, capsys):
+    off, close = expected * (1 + 1e-5), expected * (1 + 1e-7)
+    assert check.same(off, expected) is False and check.same(close, expected) is True
+    assert check.same(torch.tensor([off]), torch.tensor([expected], dtype=torch.float64)) is False
+    assert check.same(np.array([off]), np.array([expected])) is False
+    assert check.same({"x": [off]}, {"x": [expected]}) is False
+    ref = lambda x: x  # noqa: E731
+    assert check.exercise(lambda x: x * (1 + 1e-5), ref, cases=[(expected,)], name="mine") is ref
+    assert capsys.readouterr().out.startswith("[FAIL] mine(")
+    ex = check.Exercise("ident", ref, cases=[(expected,)])
+    assert ex.check(lambda x: x * (1 + 1e-5)) is ref
+    assert capsys.readouterr().out.startswith("[FAIL] ident(")
+    assert ex.check(lambda x: x * (1 + 1e-7)) is not ref
+    assert capsys.readouterr().out.startswith("[PASS]")

@@ -3,6 +3,8 @@ import pytest
 
 from labkit.course import display
 
+from ..refusals import assert_refused
+
 
 def test_table_aligns_columns_and_rounds_floats():
     text = display.table([{"name": "a", "x": 1.23456, "n": 10}, {"name": "long name", "x": 0.5, "n": 7}])
@@ -51,3 +53,25 @@ def test_table_writes_floats_in_fixed_point():
         display.table({"ms": 1.0})
     with pytest.raises(TypeError, match="value must be a number"):
         display.fixed("1.0")
+
+
+def test_rows_with_other_keys_are_refused_naming_the_row_and_the_keys():
+    rows = [{"a": 1, "b": 2}, {"a": 3, "b": 4}, {"a": 5, "c": 6}]
+    assert_refused(lambda: display.table(rows), ValueError, "rows[2]", rows[2],
+                   "a dict with the keys of rows[0], ['a', 'b'] (missing ['b'], extra ['c'])")
+    assert_refused(lambda: display.table([{"a": 1}, {"a": 2, "b": 3}]), ValueError, "rows[1]", {"a": 2, "b": 3},
+                   "(missing [], extra ['b'])")
+    # the same keys in another order are the same row: printed in the first row's order
+    assert display.table([{"a": 1, "b": 2}, {"b": 4, "a": 3}]).splitlines()[2].split() == ["3", "4"]
+
+
+@pytest.mark.parametrize("call, error, name, value, expected", [
+    (lambda: display.table({"x": 1}), TypeError, "rows", {"x": 1}, "a list of dicts"),
+    (lambda: display.table([{"x": 1}, 2]), TypeError, "rows[1]", 2, "a dict"),
+    (lambda: display.table([{"x": 1.0}], digits=0), ValueError, "digits", 0, "a positive int"),
+    (lambda: display.table([{"x": 1.0}], digits=2.5), TypeError, "digits", 2.5, "a positive int"),
+    (lambda: display.fixed(True), TypeError, "value", True, "a number"),
+    (lambda: display.fixed(1.0, digits=0), ValueError, "digits", 0, "a positive int"),
+])
+def test_bad_tables_are_refused(call, error, name, value, expected):
+    assert_refused(call, error, name, value, expected)

@@ -57,3 +57,17 @@ def test_fits_on_counts_devices_as_footprint_does():
 def test_report_warns_beyond_the_trained_context():
     assert "trained for 2,048 tokens" in calculator.report("gpt3-175b", context=8192)
     assert "trained for" not in calculator.report("gpt3-175b", context=2048)
+
+
+@pytest.mark.parametrize("model,precision,batch,context,device,n", [
+    # by hand: Llama-2-7B BF16 weights 13.48 GB + 32 x 4,096 tokens x 512 KiB of KV cache = 82.2 GB > 80 GB
+    ("llama-2-7b", "bf16", 32, 4096, "h100-sxm", 2),
+    # Llama-3-8B BF16 16.06 GB + 64 x 8,192 x 128 KiB = 68.7 GB of KV cache: 84.8 GB on 24 GB cards
+    ("llama-3-8b", "bf16", 64, 8192, "rtx-4090", 4),
+    ("llama-2-7b", "bf16", 1, 4096, "h100-sxm", 1),
+])
+def test_fits_on_counts_the_kv_cache_too(model, precision, batch, context, device, n):
+    m, memory = specs.model(model), specs.device(device).memory_bytes
+    by_hand = -(-(m.n_params * 2 + batch * context * 2 * m.n_layers * m.n_kv_heads * m.head_dim * 2) // memory)
+    assert by_hand == n
+    assert f"fits on {n} x {device}" in calculator.report(model, precision, batch, context, device)

@@ -17,6 +17,7 @@ def close_figures():
     yield
     plt.close("all")
 
+ROW = [{"gpu": "g", "link": "l", "workload": "w", "offloaded": 0, "share": 0.0, "fits": True}]
 PARTS = {"weights": [138.0, 138.0], "kv_cache": [1.3, 10.7], "activations": [0.5, 4.2]}
 
 
@@ -51,7 +52,40 @@ def test_link_share_is_drawn_in_percent_with_the_claims_band():
     assert "the claim: 30-50%" in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
+def test_share_region_maps_every_setting_to_its_category():
+    rows = [{"gpu": "g", "link": "l", "workload": "w1", "offloaded": k, "share": s, "fits": f}
+            for k, (s, f) in enumerate([(0.0, True), (0.4, True), (0.6, True)])]
+    rows += [{"gpu": "g", "link": "l", "workload": "w2", "offloaded": k, "share": s, "fits": f}
+             for k, (s, f) in enumerate([(0.2, False), (0.45, False), (0.5, True)])]
+    ax = explore.plot_share_region(rows, "t")
+    # 0 outside & fits, 1 in the band & fits, 2 in the band & does not fit, 3 outside & does not fit
+    assert ax.images[0].get_array().tolist() == [[0, 1, 0], [3, 2, 1]]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["g + l, w1", "g + l, w2"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [label for _, label in explore.REGION_COLOURS]
+
+
+def test_region_table_prints_one_line_per_setting_and_workload():
+    region = [{"gpu": "h200", "link": "nvlink-c2c", "workload": "decode, batch 1", "fewest": 0, "share_then": 0.0,
+               "in_band": "4-7", "in_band_possible": "4-7", "holds": True},
+              {"gpu": "h100-sxm", "link": "pcie5-x16", "workload": "decode, batch 1", "fewest": 36, "share_then": 0.9612,
+               "in_band": "1", "in_band_possible": "-", "holds": False},
+              {"gpu": "h100-sxm", "link": "pcie5-x16", "workload": "huge", "fewest": None, "share_then": None,
+               "in_band": "-", "in_band_possible": "-", "holds": False}]
+    lines = explore.region_table(region).splitlines()
+    assert lines[0].split() == ["setting", "workload", "must", "offload", "share", "then", "30-50%", "with", "of",
+                                "them", "possible"]
+    assert lines[1].split()[-4:] == ["0", "0%", "4-7", "4-7"] and "(GH200-style)" in lines[1]
+    assert lines[2].split()[-4:] == ["36", "96%", "1", "-"]
+    assert lines[3].split()[-5:] == ["nothing", "fits", "-", "-", "-"]
+
+
 REFUSED = [
+    (lambda: explore.region_table([]), TypeError, "region", [], "a non-empty list of rows from transfer.region()"),
+    (lambda: explore.region_table([{"gpu": "h200"}]), TypeError, "region", [{"gpu": "h200"}], "transfer.region()"),
+    (lambda: explore.plot_share_region([], "t"), TypeError, "rows", [], "a non-empty list of rows from transfer"),
+    (lambda: explore.plot_share_region([{"gpu": "g"}], "t"), TypeError, "rows", [{"gpu": "g"}], "transfer.sweep()"),
+    (lambda: explore.plot_share_region(ROW, "t", band=(0.3, 1.5)), ValueError, "band", 1.5, "a finite number in"),
+    (lambda: explore.plot_share_region(ROW, 5), TypeError, "title", 5, "str"),
     (lambda: explore.plot_footprint(["a"], {"w": [1.0, 2.0]}, 80, "x", "t"), ValueError, "parts",
      {"w": [1.0, 2.0]}, "one value per label (1)"),
     (lambda: explore.plot_footprint(["a"], {"w": [-1.0]}, 80, "x", "t"), ValueError, "parts['w']", [-1.0],

@@ -170,11 +170,11 @@ REFUSED = [
     (fp.decode_flops_per_step, (LLAMA, 2.0), TypeError, "batch", 2.0, "a positive int"),
     (fp.decode_bytes_per_step, (LLAMA, "q4"), ValueError, "precision", "q4", "one of ['fp32'"),
     (fp.decode_bytes_per_step, (LLAMA, "bf16", 1, 16, -1), ValueError, "kv_bytes_per_element", -1, "a positive"),
-    (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 0), ValueError, "bandwidth", 0, "a positive finite number"),
+    (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 0), ValueError, "bandwidth", 0, "a finite number >= 1"),
     (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 1e12, 2, -1), ValueError, "peak_flops", -1, "a positive"),
     (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 1e12, 2, "1e15"), TypeError, "peak_flops", "1e15", "a positive"),
-    (fp.devices_needed, (LLAMA, "bf16", 1, 16, 0), ValueError, "memory_bytes", 0, "a positive finite number"),
-    (fp.fits, (LLAMA, "bf16", 1, 16, "80e9"), TypeError, "memory_bytes", "80e9", "a positive finite number"),
+    (fp.devices_needed, (LLAMA, "bf16", 1, 16, 0), ValueError, "memory_bytes", 0, "a finite number >= 1"),
+    (fp.fits, (LLAMA, "bf16", 1, 16, "80e9"), TypeError, "memory_bytes", "80e9", "a finite number >= 1"),
     (fp.fits, (LLAMA, "bf16", 0, 16, 80e9), ValueError, "batch", 0, "a positive int"),
 ]
 
@@ -182,4 +182,49 @@ REFUSED = [
 @pytest.mark.parametrize("fn,args,error,name,value,expected", REFUSED,
                          ids=[f"{r[0].__name__}-{r[3]}-{r[4]!r}" for r in REFUSED])
 def test_bad_input_is_refused_with_the_argument_the_value_and_the_expectation(fn, args, error, name, value, expected):
+    assert_refused(lambda: fn(*args), error, name, value, expected)
+
+
+@pytest.mark.parametrize("name,batch,context", [("llama-2-70b", 8, 4096), ("llama-3-8b", 3, 1000),
+                                                ("gpt3-175b", 5, 2048), ("mixtral-8x7b", 16, 512)])
+def test_every_sequence_of_a_batch_has_its_own_kv_cache(name, batch, context):
+    # by hand: K and V, per layer, per KV head, head_dim elements of 2 bytes, per token of every sequence
+    m = specs.model(name)
+    per_token = 2 * m.n_layers * m.n_kv_heads * (m.d_model // m.n_heads) * 2
+    f = fp.footprint(m, "bf16", batch, context)
+    assert f["kv_cache"] == batch * context * per_token
+    assert f["weights"] == m.n_params * 2 and f["total"] == f["weights"] + f["kv_cache"] + f["activations"]
+    # a decode step reads the weights once for the whole batch, and every sequence's KV cache
+    weights_read = fp.params_read(m, batch) * 2
+    assert fp.decode_bytes_per_step(m, "bf16", batch, context) == weights_read + batch * context * per_token
+    assert fp.decode_tokens_per_s(m, "bf16", batch, context, 1e12) == pytest.approx(
+        batch * 1e12 / (weights_read + batch * context * per_token), rel=1e-12)
+
+
+def test_devices_are_counted_for_weights_and_kv_cache_where_the_kv_cache_tips_the_balance():
+    # Llama-2-7B in BF16: 13.5 GB of weights fit one 80 GB H100; 32 sequences of 4,096 tokens add 68.7 GB
+    m = specs.model("llama-2-7b")
+    weights, kv = m.n_params * 2, 32 * 4096 * 2 * 32 * 32 * 128 * 2
+    assert weights < 80e9 < weights + kv
+    assert fp.devices_needed(m, "bf16", 32, 4096, 80e9) == 2 and not fp.fits(m, "bf16", 32, 4096, 80e9)
+    assert fp.devices_needed(m, "bf16", 1, 4096, 80e9) == 1
+
+
+REFUSED_NOW = [
+    (fp.footprint, ("llama-2-7b",), TypeError, "spec", "llama-2-7b", "labkit.specs.model('llama-2-7b') makes one"),
+    (fp.decode_bytes_per_step, ("llama-3-8b",), TypeError, "spec", "llama-3-8b", "not a name"),
+    (fp.footprint, (LLAMA, float("nan")), ValueError, "precision", float("nan"), "a number of bits in (0, 32]"),
+    (fp.footprint, (LLAMA, "bf16", True), TypeError, "batch", True, "a positive int"),
+    (fp.footprint, (LLAMA, "bf16", 1, 16, float("inf")), ValueError, "kv_bytes_per_element", float("inf"), "finite"),
+    (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, 1e-300), ValueError, "bandwidth", 1e-300, ">= 1 (bytes/s)"),
+    (fp.decode_tokens_per_s, (LLAMA, "bf16", 1, 16, float("nan")), ValueError, "bandwidth", float("nan"), ">= 1"),
+    (fp.devices_needed, (LLAMA, "bf16", 1, 16, 1e-300), ValueError, "memory_bytes", 1e-300, ">= 1 (bytes)"),
+    (fp.devices_needed, (LLAMA, "bf16", 1, 16, float("inf")), ValueError, "memory_bytes", float("inf"), ">= 1"),
+    (fp.devices_needed, (LLAMA, "bf16", 1, 16, []), TypeError, "memory_bytes", [], "a finite number"),
+]
+
+
+@pytest.mark.parametrize("fn,args,error,name,value,expected", REFUSED_NOW,
+                         ids=[f"{r[0].__name__}-{r[3]}-{r[4]!r}" for r in REFUSED_NOW])
+def test_names_instead_of_specs_and_out_of_range_numbers_are_refused(fn, args, error, name, value, expected):
     assert_refused(lambda: fn(*args), error, name, value, expected)

@@ -100,31 +100,3 @@ def test_bad_input_is_refused_with_the_argument_the_value_and_the_expectation(fn
 def test_split_mode_needs_the_host_bandwidth_before_any_row_is_built():
     with pytest.raises(ValueError, match="host_bandwidth is required when mode='split'"):
         ngl_curve([1, 2], 1e12, None, mode="split")
-
-
-def test_stream_shares_are_the_link_time_over_the_step_time_written_out():
-    from labkit.memory_wall.offload import stream_shares
-
-    n, layers = 8e9, 4  # 16 GB in FP16: 4 GB per layer
-    got = stream_shares(n, layers, [0, 1, 4], device_bandwidth=2e12, link_bandwidth=50e9)
-    expected = [k * 4e9 / 50e9 / (16e9 / 2e12 + k * 4e9 / 50e9) for k in (0, 1, 4)]
-    assert got == pytest.approx(expected)
-    # a 1,000-token step at 100 TFLOP/s computes for 2 x 8e9 x 1000 / 1e14 = 0.16 s, longer than its reads
-    prefill = stream_shares(n, layers, [1], 2e12, 50e9, tokens=1000, peak_flops=1e14)
-    assert prefill == pytest.approx([0.08 / (0.16 + 0.08)])
-    # at 8 bits: 2 GB layers, 2 of them over the link (0.08 s), all 8 GB read on the device (0.004 s)
-    assert stream_shares(n, layers, [2], 2e12, 50e9, bits=8) == pytest.approx([0.08 / (8e9 / 2e12 + 0.08)])
-
-
-@pytest.mark.parametrize("kwargs,error,name,value,expected", [
-    ({"offloaded": [5]}, ValueError, "offloaded", 5, "an int in [0, 4]"),
-    ({"offloaded": "12"}, TypeError, "offloaded", "12", "a list of layer counts"),
-    ({"offloaded": [1.5]}, TypeError, "offloaded", 1.5, "an int in [0, 4]"),
-    ({"n_layers": 0}, ValueError, "n_layers", 0, "a positive int"),
-    ({"tokens": 0}, ValueError, "tokens", 0, "a positive int"),
-])
-def test_stream_shares_refuses_bad_settings(kwargs, error, name, value, expected):
-    from labkit.memory_wall.offload import stream_shares
-
-    args = {"n_params": 8e9, "n_layers": 4, "offloaded": [1], "device_bandwidth": 2e12, "link_bandwidth": 50e9}
-    assert_refused(lambda: stream_shares(**{**args, **kwargs}), error, name, value, expected)

@@ -28,7 +28,7 @@ def test_weight_bytes_at_4_bits_equals_two_codes_per_byte_and_counts_group_scale
     assert rl.weight_bytes(n, 4 + 16 / 32) == packed.nbytes + scales.nbytes
 
 
-@given(pos, pos)
+@given(st.floats(min_value=1, max_value=1e15), st.floats(min_value=1, max_value=1e15))
 def test_decode_ceiling_times_bytes_is_the_bandwidth(b, bw):
     assert math.isclose(rl.decode_ceiling(b, bw) * b, bw, rel_tol=1e-12)
 
@@ -134,9 +134,13 @@ REFUSED = [
     (rl.weight_bytes, (10, 0), ValueError, "bits_per_weight", 0, "in (0, 32]"),
     (rl.weight_bytes, (10, float("nan")), ValueError, "bits_per_weight", float("nan"), "in (0, 32]"),
     (rl.weight_bytes, (10, None), TypeError, "bits_per_weight", None, "a finite number"),
-    (rl.decode_ceiling, (0, 1e9), ValueError, "bytes_per_token", 0, "a positive finite number (bytes)"),
-    (rl.decode_ceiling, (1e9, -1), ValueError, "bandwidth", -1, "a positive finite number (bytes/s)"),
-    (rl.decode_ceiling, (1e9, "3.35e12"), TypeError, "bandwidth", "3.35e12", "a positive finite number"),
+    (rl.decode_ceiling, (0, 1e9), ValueError, "bytes_per_token", 0, "a finite number >= 1 (bytes)"),
+    (rl.decode_ceiling, (1e-300, 1e300), ValueError, "bytes_per_token", 1e-300, "a finite number >= 1 (bytes)"),
+    (rl.decode_ceiling, (1e9, -1), ValueError, "bandwidth", -1, "a finite number >= 1 (bytes/s)"),
+    (rl.decode_ceiling, (1e9, 1e-300), ValueError, "bandwidth", 1e-300, "a finite number >= 1 (bytes/s)"),
+    (rl.decode_ceiling, (1e9, float("inf")), ValueError, "bandwidth", float("inf"), "a finite number >= 1"),
+    (rl.decode_ceiling, (1e9, "3.35e12"), TypeError, "bandwidth", "3.35e12", "a finite number >= 1"),
+    (rl.decode_ceiling, (float("nan"), 1e9), ValueError, "bytes_per_token", float("nan"), "a finite number >= 1"),
     (rl.attainable_flops, (-1.0, 1e12, 1e9), ValueError, "intensity", -1.0, "a positive finite number"),
     (rl.attainable_flops, ("1", 1e12, 1e9), TypeError, "intensity", "1", "a positive finite number"),
     (rl.attainable_flops, ([1.0, float("nan")], 1e12, 1e9), ValueError, "intensity", [1.0, float("nan")],
@@ -147,10 +151,13 @@ REFUSED = [
     (rl.attainable_flops, (1.0, 1e12, None), TypeError, "bandwidth", None, "a positive finite number"),
     (rl.ridge_point, (-1e12, 1e9), ValueError, "peak_flops", -1e12, "a positive finite number (FLOP/s)"),
     (rl.ridge_point, (1e12, 0), ValueError, "bandwidth", 0, "a positive finite number (bytes/s)"),
+    (rl.ridge_point, (1e15, 1e-300), ValueError, "peak_flops / bandwidth", 1e-300, "a finite ratio > 0 (FLOP/byte)"),
+    (rl.ridge_point, (1e-300, 1e300), ValueError, "peak_flops / bandwidth", 1e300, "a finite ratio > 0"),
     (rl.matmul_intensity, (0, 8, 8), ValueError, "m", 0, "a positive int"),
     (rl.matmul_intensity, (1, 8.0, 8), TypeError, "n", 8.0, "a positive int"),
     (rl.matmul_intensity, (1, 8, True), TypeError, "k", True, "a positive int"),
-    (rl.matmul_intensity, (1, 8, 8, 0), ValueError, "bytes_per_element", 0, "a positive finite number (bytes)"),
+    (rl.matmul_intensity, (1, 8, 8, 0), ValueError, "bytes_per_element", 0, "a finite number >= 0.125 (bytes"),
+    (rl.matmul_intensity, (1, 8, 8, 1e-300), ValueError, "bytes_per_element", 1e-300, "a finite number >= 0.125"),
     (rl.plot_roofline, ("h100",), TypeError, "ceilings", "h100", "a list of (label, number, number) triples"),
     (rl.plot_roofline, ([("a", 1e12)],), TypeError, "ceilings", [("a", 1e12)], "triples"),
     (rl.plot_roofline, ([("a", 0, 1e9)],), ValueError, "peak_flops", 0, "a positive finite number"),
@@ -177,6 +184,18 @@ def test_bad_input_is_refused_with_the_argument_the_value_and_the_expectation(fn
     ({"flops": -1.0, "peak_flops": 1e15}, ValueError, "flops", -1.0, "a non-negative finite number (FLOP)"),
     ({"flops": 1.0, "peak_flops": 0}, ValueError, "peak_flops", 0, "a positive finite number (FLOP/s)"),
     ({"mode": "split", "host_bandwidth": float("inf")}, ValueError, "host_bandwidth", float("inf"), "finite"),
+    ({"peak_flops": -1}, ValueError, "peak_flops", -1, "a positive finite number (FLOP/s)"),  # even with no FLOP
+    ({"peak_flops": float("nan")}, ValueError, "peak_flops", float("nan"), "a positive finite number"),
+    # a bandwidth the mode does not use is checked all the same
+    ({"host_bandwidth": "1e11"}, TypeError, "host_bandwidth", "1e11", "a positive finite number (bytes/s)"),
+    ({"host_bandwidth": True}, TypeError, "host_bandwidth", True, "a positive finite number"),
+    ({"mode": "split", "host_bandwidth": 1e11, "link_bandwidth": -3e10}, ValueError, "link_bandwidth", -3e10,
+     "a positive finite number"),
+    # bytes and bandwidths so far apart that the step's time overflows (inf) or underflows (0): no inf, no NaN
+    ({"device_bandwidth": 1e-300}, ValueError, "the bytes and bandwidths", float("inf"),
+     "such that the step takes a finite time > 0 seconds (resident_bytes=1000000000.0"),
+    ({"resident_bytes": 1e-300, "offloaded_bytes": 0, "device_bandwidth": 1e300}, ValueError,
+     "the bytes and bandwidths", 0.0, "device_bandwidth=1e+300"),
 ])
 def test_offload_time_refuses_bad_settings(change, error, name, value, expected):
     assert_refused(lambda: rl.offload_time(**{**OFFLOAD, **change}), error, name, value, expected)
