@@ -6,15 +6,17 @@ Perplexity on 64 KiB of the test split and exact-match accuracy on 200 test task
 notebook's precision settings (labkit.quant.SETTINGS, the same list notebook 03 sweeps, with the same
 paired retention interval, labkit.quant.quality), the one-type-at-a-time INT4 sensitivity on the whole text
 and on 8 pieces of 8 KiB (the noise between texts), the notebook's fact-check verdicts computed from these
-numbers (labkit.quant.factcheck), and GPTQ vs round-to-nearest. Deterministic (no timings; the sweep, the
+numbers (labkit.quant.factcheck), and GPTQ vs round-to-nearest (labkit.quant.quality.gptq_vs_rtn, the
+comparison notebook 03 prints: perplexity on the whole text, and the paired GPTQ - RTN differences over the
+8 pieces with their 95% interval for the verdict). Deterministic (no timings; the sweep, the
 sensitivity and GPTQ run on one thread, as in the notebook); takes a few minutes on 2 cores. Copy the output into
 benchmarks/RESULTS.md.
 """
 
 import torch
 
-from labkit.quant import SETTINGS, factcheck, gptq, quality, quantize_model
-from labkit.tinylm import TASK_KINDS, corpus, load_pretrained, perplexity
+from labkit.quant import SETTINGS, factcheck, quality
+from labkit.tinylm import TASK_KINDS, corpus, load_pretrained
 
 TYPES = ("embedding", "attention", "mlp")
 GPTQ_SETTINGS = ((32, "asym"), (128, "asym"), ("channel", "sym"), (32, "sym"))
@@ -42,13 +44,8 @@ def main() -> None:
                   factcheck.mixed_precision(results, sens, tied=model.cfg.tie_embeddings)):
         check.show()
     cal = torch.tensor(list(corpus.corpus("train", 8 * 256, seed=0))).view(8, 256)
-    policy = {"attention": "int4", "mlp": "int4"}
-    for group, scheme in GPTQ_SETTINGS:
-        rtn = perplexity(quantize_model(model, policy, group, scheme)[0], val)
-        qts = gptq.gptq(model, cal, 4, group, scheme)
-        gq = perplexity(quantize_model(model, policy, group, scheme, qtensors=qts)[0], val)
-        print(f"INT4 {scheme} group {group} (attention + MLP): FP32 {base['ppl']:.4f}  RTN {rtn:.4f} "
-              f"({rtn - base['ppl']:+.4f})  GPTQ {gq:.4f} ({gq - base['ppl']:+.4f})", flush=True)
+    for c in quality.gptq_vs_rtn(model, val, cal, GPTQ_SETTINGS, n_pieces=8).values():
+        print(c.line(), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,22 +6,23 @@ busy machine cannot turn upside down, the fact-checks, the explorer and the exer
     qtensor    QTensor, quantize, quant_error, quantized_bytes     packing   pack_int4, unpack_int4
     formats    Q4_0 / Q4_1 / Q8_0, byte for byte                    nf4       NF4 levels and blocks
     linear     QuantLinear (reference and int4pack paths), QuantEmbedding
-    policy     quantize_model, Setting, SETTINGS                    quality   retention, sweep, sensitivity
-    gptq       collect_inputs, gptq_quantize, gptq                  threads   torch_threads
+    policy     quantize_model, Setting, SETTINGS                    quality   retention, sweep, sensitivity,
+    gptq       collect_inputs, gptq_quantize, gptq                            gptq_vs_rtn
+    noise      paired differences over pieces of a text             threads   torch_threads
     speed      measure_matmuls -> MatmulRun (one method, timed in turns)
     verdicts   headline speed-up, all threads, memory-bound or not  factcheck the source's claims, checked
     explore    plots, widget, pooled SQNR                           exercises the notebook's exercises
 """
 
-from . import (exercises, explore, factcheck, formats, gptq, linear, nf4, packing, policy, qtensor, quality, speed,
-               threads, verdicts)
+from . import (exercises, explore, factcheck, formats, gptq, linear, nf4, noise, packing, policy, qtensor, quality,
+               speed, threads, verdicts)
 from .linear import QuantEmbedding, QuantLinear
 from .packing import pack_int4, unpack_int4
 from .policy import PRECISIONS, SETTINGS, Setting, quantize_model
 from .qtensor import BITS, SCHEMES, QTensor, quant_error, quantize, quantized_bytes
 from .quality import Retention, retention
 
-__all__ = ["exercises", "explore", "factcheck", "formats", "gptq", "linear", "nf4", "packing", "policy", "qtensor",
-           "quality", "speed", "threads", "verdicts", "QuantEmbedding", "QuantLinear", "pack_int4", "unpack_int4",
-           "PRECISIONS", "SETTINGS", "Setting", "quantize_model", "BITS", "SCHEMES", "QTensor", "quant_error",
-           "quantize", "quantized_bytes", "Retention", "retention"]
+__all__ = ["exercises", "explore", "factcheck", "formats", "gptq", "linear", "nf4", "noise", "packing", "policy",
+           "qtensor", "quality", "speed", "threads", "verdicts", "QuantEmbedding", "QuantLinear", "pack_int4",
+           "unpack_int4", "PRECISIONS", "SETTINGS", "Setting", "quantize_model", "BITS", "SCHEMES", "QTensor",
+           "quant_error", "quantize", "quantized_bytes", "Retention", "retention"]

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from .._checks import fail
 from ..course import Exercise
 from ..rng import Rng
 from .linear import QuantLinear
@@ -31,6 +32,13 @@ BY_HAND = torch.tensor([[0.05, 0.2, 0.3, 0.45, 0.6, 0.8, 1.1, 1.6]])
 
 def _seeded(rng: Rng) -> torch.Generator:
     return torch.Generator().manual_seed(rng.below(2**31))
+
+
+def _callables(**fns) -> None:
+    """Each of the learner's functions is callable (a TypeError naming it otherwise, before any check runs)."""
+    for name, fn in fns.items():
+        if not callable(fn):
+            fail(name, fn, "a function", TypeError)
 
 
 def _named(fn: Callable, name: str) -> Callable:
@@ -58,6 +66,8 @@ def asym_round_trip(asym_quantize: Callable, asym_dequantize: Callable) -> Calla
     """The learner's two functions as one (w, bits, group_size) -> {codes, scale, zero, dequantized}, as
     checked. asym_dequantize gets the reference's codes, scale and zero, so that each function is judged
     on its own."""
+    _callables(asym_quantize=asym_quantize, asym_dequantize=asym_dequantize)
+
     def round_trip(w, bits, group_size):
         out = asym_quantize(w, bits, group_size)
         if not isinstance(out, tuple) or len(out) != 3:
@@ -91,6 +101,8 @@ def pack_reference(codes: torch.Tensor) -> dict[str, torch.Tensor]:
 def pack_round_trip(pack: Callable, unpack: Callable) -> Callable:
     """The learner's two functions as one codes -> {pack(codes), unpack(bytes)}, as checked; unpack gets the
     reference's bytes, so that each function is judged on its own."""
+    _callables(pack=pack, unpack=unpack)
+
     def round_trip(codes):
         return {"pack(codes)": pack(codes), "unpack(bytes)": unpack(pack_int4(codes))}
     return _named(round_trip, "pack + unpack")

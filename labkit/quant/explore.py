@@ -23,6 +23,15 @@ from .speed import CASES, FP32_1, INT4_1, ROOF, ROOF_1, MatmulRun
 GROUPS = (32, 64, 128, "channel", "tensor")
 
 
+def _check_ax(ax, name: str = "ax"):
+    """None (a new figure) or a matplotlib Axes."""
+    if ax is not None:
+        from matplotlib.axes import Axes
+
+        check_type(name, ax, Axes, "a matplotlib Axes or None")
+    return ax
+
+
 def pooled_sqnr_db(ws: list[torch.Tensor], bits: int, scheme: str, group_size) -> float:
     """SQNR (dB) of several matrices quantized with the same settings, noise and signal summed over all
     of them: 10 log10(sum of w^2 / sum of (w - w_hat)^2); inf when every round trip is exact."""
@@ -76,6 +85,7 @@ def plot_group(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size=
     import matplotlib.pyplot as plt
 
     levels = grid_levels(w, bits, scheme, group_size)  # checks the arguments before a figure is made
+    _check_ax(ax)
     values = group_values(w, group_size)
     err = quant_error(w, quantize(w, bits, scheme, group_size).dequantize())
     if ax is None:
@@ -93,7 +103,12 @@ def plot_group(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size=
 def error_table(w: torch.Tensor, bits_list=BITS, groups=GROUPS) -> list[dict]:
     """SQNR (dB) of w's round trip for every bits x scheme x group size that divides w's input dimension."""
     check_weight(w)
+    for name, v in (("bits_list", bits_list), ("groups", groups)):
+        if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or not v:
+            fail(name, v, "a non-empty tuple or list", TypeError)
     bits_list, groups = [check_bits(b) for b in bits_list], [check_group_size(g) for g in groups]
+    if all(isinstance(g, int) and w.shape[1] % g for g in groups):
+        fail("groups", tuple(groups), f"group sizes of which at least one divides w's input dimension {w.shape[1]}")
     rows = []
     for bits in bits_list:
         for scheme in ("sym", "asym"):
@@ -151,6 +166,9 @@ def label_points(ax, points, fontsize: int = 7) -> list:
     Returns the annotations, in the order of `points`."""
     if isinstance(points, str) or not all(isinstance(p, (tuple, list)) and len(p) == 3 for p in points):
         fail("points", points, "a list of (label, x, y) triples", TypeError)
+    from matplotlib.axes import Axes
+
+    check_type("ax", ax, Axes, "a matplotlib Axes")
     from matplotlib.text import Text
     from matplotlib.transforms import Bbox
 
@@ -186,7 +204,10 @@ def plot_quality(results: dict, ax=None):
     check_type("results", results, dict, "a dict from quality.sweep")
     if not results:
         fail("results", results, "a non-empty dict from quality.sweep")
-    if ax is None:
+    for name, r in results.items():
+        if not isinstance(r, dict) or not {"bpw", "ppl"} <= set(r):
+            fail(f"results[{name!r}]", r, "a dict from quality.sweep (with 'bpw' and 'ppl')", TypeError)
+    if _check_ax(ax) is None:
         _, ax = plt.subplots(figsize=(7, 4.2))
     bpw, ppl = [r["bpw"] for r in results.values()], [r["ppl"] for r in results.values()]
     ax.scatter(bpw, ppl, s=14, zorder=3)
@@ -206,6 +227,7 @@ def plot_matmuls(run: MatmulRun, peak_all: float, peak_one: float, ax=None):
     with them, FP32 matmul peak `peak_all` FLOP/s) and one thread (`peak_one`). Returns the Axes."""
     check_type("run", run, MatmulRun, "a labkit.quant.speed.MatmulRun")
     peak_all, peak_one = check_positive("peak_all", peak_all, "FLOP/s"), check_positive("peak_one", peak_one, "FLOP/s")
+    _check_ax(ax)
     ceilings = [(f"{run.threads} threads: {run.bytes_per_s(ROOF) / 1e9:.0f} GB/s, {peak_all / 1e9:.0f} GFLOP/s",
                  peak_all, run.bytes_per_s(ROOF)),
                 (f"1 thread: {run.bytes_per_s(ROOF_1) / 1e9:.0f} GB/s, {peak_one / 1e9:.0f} GFLOP/s",

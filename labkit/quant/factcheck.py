@@ -23,9 +23,10 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from .._checks import check_bool, check_fraction, check_type, fail
+from .._checks import check_bool, check_fraction, check_number, check_positive, check_type, fail
 from ..course import FactCheck
 from .qtensor import quantized_bytes
+from .noise import ABOVE, BELOW, paired_difference
 from .quality import Sensitivity
 
 
@@ -41,46 +42,76 @@ def _names(names) -> str:
     return ", ".join(f'"{n}"' for n in names) if names else "none"
 
 
-def _results(results, *names: str) -> dict:
+def _results(results, *names: str, keys: tuple[str, ...] = ()) -> dict:
+    """results: a sweep holding the settings `names`, each row a dict with `keys`."""
     check_type("results", results, Mapping, "a dict from labkit.quant.quality.sweep")
     missing = [n for n in names if n not in results]
     if missing:
         fail("results", sorted(results), f"a sweep with the settings {missing}")
+    for name, r in results.items():
+        if not isinstance(r, Mapping) or not set(keys) <= set(r):
+            fail(f"results[{name!r}]", r if not isinstance(r, Mapping) else sorted(r),
+                 f"a row of quality.sweep (with {list(keys)})", TypeError if not isinstance(r, Mapping) else ValueError)
     return dict(results)
 
 
-def asymmetric_error(lower: Mapping[str, float], fair: Mapping[str, tuple[float, float]],
-                     target: float = 0.42) -> FactCheck:
-    """"42% lower error than symmetric". lower: {data: 1 - MSE(asym) / MSE(sym)} for INT4 in groups of 32;
-    fair: {comparison: (MSE of asymmetric, MSE of a fairer baseline)} on TinyLM's MLP weights."""
-    check_type("lower", lower, Mapping, "a dict of data name -> fraction")
+def asymmetric_error(lower: Mapping[str, Mapping[int | str, float]], fair: Mapping[str, tuple[float, float]],
+                     target: float = 0.42, group: int | str = 32) -> FactCheck:
+    """"42% lower error than symmetric". lower: {data: {group size: 1 - MSE(asym) / MSE(sym)}} for INT4, with
+    `group` (the headline group size) among the group sizes of every data set; fair: {comparison: (MSE of
+    asymmetric, MSE of a fairer baseline)} on TinyLM's MLP weights. The verdict is read at `group`; the other
+    group sizes say for which data a change of group size turns it."""
+    check_type("lower", lower, Mapping, "a dict of data name -> {group size: fraction}")
     check_type("fair", fair, Mapping, "a dict of comparison -> (mse, mse)")
     if not lower or not fair:
         fail("lower and fair", (lower, fair), "non-empty dicts")
     target = check_fraction("target", target)
-    rmse = {n: 1 - math.sqrt(1 - d) for n, d in lower.items()}
-    holds = [n for n, d in lower.items() if d >= target]
+    for name, by_group in lower.items():
+        check_type(f"lower[{name!r}]", by_group, Mapping, "a dict of group size -> fraction")
+        if group not in by_group:
+            fail(f"lower[{name!r}]", dict(by_group), f"a fraction for the group size {group!r}")
+        for g, d in by_group.items():  # 1 - MSE(asym) / MSE(sym): at most 1, negative when asymmetric is worse
+            check_number(f"lower[{name!r}][{g!r}]", d, high=1.0)
+    for name, pair in fair.items():
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            fail(f"fair[{name!r}]", pair, "a pair (mse, mse)", TypeError)
+        check_positive(f"fair[{name!r}][0]", pair[0], allow_zero=True)
+        check_positive(f"fair[{name!r}][1]", pair[1])
+    at = {n: d[group] for n, d in lower.items()}
+    rmse = {n: 1 - math.sqrt(1 - d) for n, d in at.items()}
+    holds = [n for n, d in at.items() if d >= target]
+    turns = {n: [g for g, d in lower[n].items() if d >= target] for n in at if n not in holds}
+    turns = {n: gs for n, gs in turns.items() if gs}
     gains = {n: 1 - a / b for n, (a, b) in fair.items()}
-    arithmetic = [f"{n:<22} group 32: {d:4.0%} lower MSE, {rmse[n]:4.0%} lower RMSE -> "
-                  f"{'holds' if n in holds else 'does not hold'}" for n, d in lower.items()]
+    others = lambda n: ", ".join(f"group {g}: {d:.0%}" for g, d in lower[n].items() if g != group)  # noqa: E731
+    arithmetic = [f"{n:<26} group {group}: {d:4.0%} lower MSE, {rmse[n]:4.0%} lower RMSE -> "
+                  f"{'holds' if n in holds else 'does not hold'} ({others(n)})" for n, d in at.items()]
     arithmetic += ["TinyLM MLP weights, fairer baselines:"]
     arithmetic += [f"  {n:<44} {g:4.0%} lower MSE, {1 - math.sqrt(1 - g):4.0%} lower RMSE" for n, g in gains.items()]
     lo, hi = min(gains.values()), max(gains.values())
-    judgement = (f"Holds only for {_names(holds)}." if 0 < len(holds) < len(lower) else
-                 "Holds for every data set here." if holds else "Holds for none of the data sets here.")
+    judgement = (f"At group {group} holds only for {_names(holds)}." if 0 < len(holds) < len(at) else
+                 f"At group {group} holds for every data set here." if holds else
+                 f"At group {group} holds for none of the data sets here.")
+    if turns:
+        judgement += " At other group sizes it also holds for " + "; ".join(
+            f"{_names([n])} (" + ", ".join(f"{lower[n][g]:.0%} at group {g}" for g in gs) + ")"
+            for n, gs in turns.items()) + "."
     judgement += f" Against the fairer baselines on TinyLM's MLP weights asymmetric has {lo:.0%}-{hi:.0%} lower MSE."
+    turned = "; ".join(f"{_names([n])} at group {' or '.join(map(str, gs))}" for n, gs in turns.items())
     return FactCheck(f'Asymmetric 4-bit quantization has "{target:.0%} lower error than symmetric" '
                      "(INT4; error = MSE, RMSE = sqrt(MSE))", arithmetic, judgement,
-                     f"the data are skewed or shifted ({_names(holds)}), the error is the MSE (as RMSE it holds for "
+                     f"the data are those it holds for at group {group} ({_names(holds)})"
+                     + (f", or with other groups {turned}" if turns else "")
+                     + f"; the error is the MSE (as RMSE it holds at group {group} for "
                      f"{_names([n for n, r in rmse.items() if r >= target])}) and the symmetric baseline is ours, "
                      f"which leaves code -8 unused: against the fairer baselines the gain is {lo:.0%}-{hi:.0%}.",
-                     {"holds": holds, "rmse": rmse, "fair": gains})
+                     {"holds": holds, "turns": turns, "rmse": rmse, "fair": gains})
 
 
 def compression(results: Mapping[str, dict], int4: str = INT4, mixed: str = MIXED) -> FactCheck:
     """"8:1 compression": whole-model ratios of the sweep against FP32 and FP16, and what one scale per
     4096-wide row gives (the best case)."""
-    results = _results(results, int4, mixed)
+    results = _results(results, int4, mixed, keys=("ratio",))
     best = max(results, key=lambda n: results[n]["ratio"])
     r_int4, r_best, r_mixed = results[int4]["ratio"], results[best]["ratio"], results[mixed]["ratio"]
     row = 4096 * 4096 * 32 / 8 / quantized_bytes(4096 * 4096, 4, 4096, "sym")
@@ -98,7 +129,7 @@ def compression(results: Mapping[str, dict], int4: str = INT4, mixed: str = MIXE
 def retention(results: Mapping[str, dict], target: float = 0.987) -> FactCheck:
     """"98.7% accuracy retained", judged for each INT4 and mixed setting of the sweep by its paired 95%
     interval (quality.Retention.decide)."""
-    results = _results(results)
+    results = _results(results, keys=("retention", "retained", "low", "high", "ok"))
     target = check_fraction("target", target)
     decided = {n: r["retention"].decide(target) for n, r in results.items() if n.startswith(("INT4", "mixed"))}
     if not decided:
@@ -115,48 +146,58 @@ def retention(results: Mapping[str, dict], target: float = 0.987) -> FactCheck:
                      f"{min(widths):.1f}-{max(widths):.1f} points wide.", {"decided": decided})
 
 
-def _above(a: tuple[float, ...], b: tuple[float, ...]) -> int:
-    return sum(x > y for x, y in zip(a, b))
-
-
 def mixed_precision(results: Mapping[str, dict], sens: Mapping[str, Sensitivity], tied: bool = True,
                     emb8: str = EMB8, mixed: str = MIXED) -> FactCheck:
     """"attention FP16, FFN INT4, embedding INT8": the sensitivity of each layer type per weight, on the
     whole text and on each piece (the noise between texts), and what attention in FP16 buys."""
-    results = _results(results, emb8, mixed)
+    results = _results(results, emb8, mixed, keys=("ppl", "ratio"))
     check_type("sens", sens, Mapping, "a dict from labkit.quant.quality.sensitivity")
     if not {"embedding", "attention", "mlp"} <= set(sens):
         fail("sens", sorted(sens), "the sensitivity of 'embedding', 'attention' and 'mlp'")
+    for kind, s in sens.items():
+        check_type(f"sens[{kind!r}]", s, Sensitivity, "a labkit.quant.quality.Sensitivity")
     check_bool("tied", tied)
     base = next(iter(results.values()))["ppl"]
     emb, attn, mlp = sens["embedding"], sens["attention"], sens["mlp"]
-    n = len(attn.piece_deltas)
-    k_attn = _above(attn.piece_per_weight, mlp.piece_per_weight)
-    k_emb = sum(e > max(a, m) for e, a, m in zip(emb.piece_per_weight, attn.piece_per_weight, mlp.piece_per_weight))
-    moves = max(max(s.piece_per_weight) - min(s.piece_per_weight) for s in (attn, mlp))
-    gap = abs(attn.per_weight - mlp.per_weight)
+    pair = paired_difference(attn.piece_per_weight, mlp.piece_per_weight)  # attention - MLP, piece by piece
+    top = [max(a, m) for a, m in zip(attn.piece_per_weight, mlp.piece_per_weight)]
+    k_emb = sum(e > t for e, t in zip(emb.piece_per_weight, top))
+    # the embedding's figures are ~100x the others' and vary as much between pieces: it is ranked first only
+    # if its smallest figure on any piece is above the largest of the others on any piece (no overlap at all)
+    others = attn.piece_per_weight + mlp.piece_per_weight
+    emb_low, others_high = min(emb.piece_per_weight), max(others)
+    separated = emb_low > max(others_high, 0)
     e8, mx = results[emb8], results[mixed]
     gain, memory = e8["ppl"] - mx["ppl"], e8["ratio"] / mx["ratio"]
+    a, m, n = attn.per_weight, mlp.per_weight, pair.n
+    ratio = f"{a / m:.1f}x" if m > 0 and a > 0 else "of opposite signs or zero"
     arithmetic = [
         "perplexity increase per weight, one type in INT4 (whole text): "
         + ", ".join(f"{k} {s.per_weight:+.3g}" for k, s in sens.items()),
-        f"on each of {n} pieces of the text: attention above the MLP on {k_attn} of {n}, the embedding above both "
-        f"on {k_emb} of {n}; attention's and the MLP's figures move by up to {moves:.2g} from piece to piece, "
-        f"{moves / gap if gap else math.inf:.0f}x the {gap:.2g} between them on the whole text",
+        f"attention - MLP per weight, paired over {n} pieces of the text: {pair.describe()}; on the whole text "
+        f"{a:+.4f} against {m:+.4f} ({ratio})",
+        f"embedding per weight on the pieces: {emb_low:+.3g} to {max(emb.piece_per_weight):+.3g}, above both "
+        f"others on {k_emb} of {n}; attention's and the MLP's: {min(others):+.3g} "
+        f"to {others_high:+.3g}",
         f"mixed policy {mx['ppl'] - base:+.4f} ppl at {mx['ratio']:.1f}:1; INT4 everywhere + emb INT8 "
         f"{e8['ppl'] - base:+.4f} ppl at {e8['ratio']:.1f}:1"]
-    emb_verdict = (f'"embedding INT8" is supported: per weight the embedding is '
-                   f"{emb.per_weight / max(attn.per_weight, mlp.per_weight):.0f}x as sensitive as the others, on every "
-                   "piece" if k_emb == n else f"the embedding is the most sensitive on only {k_emb} of {n} pieces")
-    attn_verdict = (f"attention is more sensitive per weight than the MLP on every piece ({attn.per_weight:+.3g} "
-                    f"against {mlp.per_weight:+.3g})" if k_attn == n else
-                    f"attention is less sensitive per weight than the MLP on every piece" if k_attn == 0 else
-                    f"whether attention is more sensitive per weight than the MLP this text cannot tell "
-                    f"({attn.per_weight:+.3g} against {mlp.per_weight:+.3g}, higher on {k_attn} of {n} pieces)")
+    emb_verdict = (f'"embedding INT8" is supported: per weight the embedding is {emb.per_weight / max(a, m):.0f}x as '
+                   f"sensitive as the others on the whole text, and its smallest figure on any piece is "
+                   f"{emb_low / others_high:.0f}x the largest of theirs" if separated else
+                   f"that the embedding is the most sensitive type this text cannot tell (above both on {k_emb} of "
+                   f"{n} pieces; its figures on the pieces overlap theirs)")
+    interval = f"paired difference over {n} pieces {pair.mean:+.2g}, 95% interval {pair.low:+.2g} to {pair.high:+.2g}"
+    attn_verdict = (f"attention is more sensitive per weight than the MLP ({a:+.3g} against {m:+.3g}, {ratio}; "
+                    f"{interval})" if pair.decision == ABOVE else
+                    f"attention is less sensitive per weight than the MLP ({a:+.3g} against {m:+.3g}; {interval})"
+                    if pair.decision == BELOW else
+                    f"whether attention is more sensitive per weight than the MLP this text cannot tell: on the whole "
+                    f"text {a:+.3g} against {m:+.3g} ({ratio}), but the {interval}, includes 0")
     return FactCheck('Mixed precision by layer type: "attention FP16, FFN INT4, embedding INT8"', arithmetic,
                      f"{emb_verdict[0].upper()}{emb_verdict[1:]}; {attn_verdict}; attention in FP16 buys "
                      f"{gain:.4f} perplexity for {memory:.1f}x the memory.",
                      ("the embedding writes the logits (it is tied to the output layer)" if tied else
                       "the embedding is the most sensitive type") +
                      f"; attention in FP16 pays only if {gain:.4f} perplexity is worth {memory:.1f}x the memory.",
-                     {"attention_above": k_attn, "embedding_above": k_emb, "moves": moves, "gap": gap, "gain": gain})
+                     {"attention_vs_mlp": pair, "attention_above": pair.above, "embedding_above": k_emb,
+                      "embedding_separated": separated, "gain": gain})

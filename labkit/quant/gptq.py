@@ -33,10 +33,24 @@ GPTQ_TYPES = tuple(t for t in LAYER_TYPES if t != "embedding")  # the matmuls (t
 def _check_types(types) -> tuple[str, ...]:
     if isinstance(types, str) or not isinstance(types, (tuple, list)):
         fail("types", types, f"a tuple of layer types from {GPTQ_TYPES}", TypeError)
+    if not types:
+        fail("types", types, f"a non-empty tuple of layer types from {GPTQ_TYPES}")
     for t in types:
+        if not isinstance(t, str):
+            fail("types", tuple(types), f"a tuple of layer types (str) from {GPTQ_TYPES}", TypeError)
         if t not in GPTQ_TYPES:
             fail("types", tuple(types), f"some of {GPTQ_TYPES} (GPTQ needs a matmul's inputs)")
     return tuple(types)
+
+
+def _layers(model: nn.Module, types: tuple[str, ...]) -> list:
+    """The (entry, module) pairs of the model's linear layers of `types`; refuses a selection with none
+    (a tied lm_head is the embedding's matrix, a lookup: GPTQ has no inputs to calibrate it on)."""
+    layers = list(iter_linears(model, types))  # TypeError unless model is a TinyLM
+    if not layers:
+        fail("types", types, "layer types this model has as matmuls (its lm_head is tied to the embedding, "
+             "which GPTQ does not calibrate)")
+    return layers
 
 
 def _check_tokens(tokens) -> torch.Tensor:
@@ -62,9 +76,9 @@ def collect_inputs(model: nn.Module, tokens: torch.Tensor, types: tuple[str, ...
                    ) -> dict[str, torch.Tensor]:
     """{layer path: the inputs [n_tokens, in] (float32) that it sees when the model reads `tokens`
     [batch, time] (int64)}, for every linear layer of TinyLM's table whose type is in `types`
-    (attention, mlp, head; a tied lm_head is the embedding's matrix and is left out)."""
+    (attention, mlp, head; a tied lm_head is the embedding's matrix: ("head",) alone is refused there)."""
     types, tokens = _check_types(types), _check_tokens(tokens)
-    layers = list(iter_linears(model, types))  # TypeError unless model is a TinyLM
+    layers = _layers(model, types)
     seen: dict[str, list[torch.Tensor]] = {}
     hooks = []
     for entry, module in layers:
@@ -127,7 +141,7 @@ def gptq(model: nn.Module, tokens: torch.Tensor, bits: int = 4, group_size: int 
     torch uses now): its column loop is many tiny operations, which a second thread only slows when
     another program shares the cores (labkit.quant.threads); the codes are the same on any count."""
     _check_settings(bits, group_size, scheme, damp)
-    layers = list(iter_linears(model, _check_types(types)))
+    layers = _layers(model, _check_types(types))
     for entry, module in layers:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"model's {entry.path} must be an nn.Linear, got {type(module).__name__}: "

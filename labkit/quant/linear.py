@@ -73,6 +73,8 @@ class QuantLinear(nn.Module):
             fail("tile", tile, "an even int >= 2")
         if bias is not None:
             check_type("bias", bias, torch.Tensor, "a torch.Tensor or None")
+            if not bias.is_floating_point():
+                fail("bias", bias.dtype, "a floating-point tensor or None", TypeError)
             if tuple(bias.shape) != (qweight.shape[0],):
                 raise ValueError(f"bias must have shape ({qweight.shape[0]},), got {tuple(bias.shape)}")
         self.out_features, self.in_features = qweight.shape
@@ -123,18 +125,31 @@ class QuantLinear(nn.Module):
 
     def path(self, x: torch.Tensor) -> str:
         """Which path forward(x) takes: "int4pack" or "reference"."""
+        check_type("x", x, torch.Tensor, "a torch.Tensor")
         fast = self.int4pack is not None and x.device.type == "cpu"
         return "int4pack" if self.backend == "int4pack" or (self.backend == "auto" and fast) else "reference"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def check_input(self, x) -> torch.Tensor:
+        """x is a floating-point tensor [..., in_features]: an integer x would be multiplied in integers
+        (truncating the weights), so it is refused, as nn.Linear refuses it; cast it with .float()."""
         check_type("x", x, torch.Tensor, "a torch.Tensor")
+        if not x.is_floating_point():
+            fail("x", x.dtype, "a floating-point tensor (cast integer inputs with .float())", TypeError)
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must end in {self.in_features} features, got shape {tuple(x.shape)}")
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         y = self.forward_int4pack(x) if self.path(x) == "int4pack" else self.forward_reference(x)
         return y if self.bias is None else y + self.bias
 
     def forward_int4pack(self, x: torch.Tensor) -> torch.Tensor:
         """torch's INT4 kernel on BF16 activations (the result is cast back to x's dtype)."""
+        self.check_input(x)
+        if self.int4pack is None:
+            raise ValueError("forward_int4pack needs torch's INT4 kernel, which this layer cannot use ("
+                             f"{self.bits} bits, [{self.out_features}, {self.in_features}], group {self.group_size!r})")
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.int4pack, self.kernel_group, self.scales_and_zeros)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -170,6 +185,7 @@ class QuantLinear(nn.Module):
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize a tile, multiply, accumulate: y = sum over tiles of x[..., tile] @ w_hat[:, tile].T."""
+        self.check_input(x)
         y = None
         for k0 in range(0, self.in_features, self.tile):
             k1 = min(k0 + self.tile, self.in_features)

@@ -33,13 +33,17 @@ def nf4_levels() -> np.ndarray:
 
 def quantize_nf4(x: np.ndarray, block: int = NF4_BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """float32 [..., n] (n % block == 0) -> (codes uint8 [..., n] in 0..15, absmax float32 [..., n / block]).
-    Each value goes to the nearest level of x / absmax (a value halfway between two levels goes up)."""
+    Each value goes to the nearest level of x / absmax. A value exactly halfway between two levels (the
+    float32 midpoint) goes to the LOWER one, as in bitsandbytes: its quantizer (dQuantizeNF4 in
+    csrc/kernels.cu) walks a tree of `x > midpoint` tests, so code = the number of midpoints strictly below x.
+    (Our levels, computed from the normal quantile, match bitsandbytes' table to 2e-6: a value closer than
+    that to a midpoint can still fall on the other side than in bitsandbytes.)"""
     check_positive_int("block", block)
     xb, _ = float32_blocks(x, block)
     absmax = np.abs(xb).max(axis=1)
     scaled = xb / np.where(absmax > 0, absmax, F32(1))[:, None]
     levels = nf4_levels()
-    codes = np.searchsorted((levels[1:] + levels[:-1]) / 2, scaled, side="right").astype(np.uint8)
+    codes = np.searchsorted((levels[1:] + levels[:-1]) / 2, scaled, side="left").astype(np.uint8)
     return codes.reshape(x.shape), absmax.reshape(*x.shape[:-1], -1)
 
 
@@ -59,5 +63,8 @@ def dequantize_nf4(codes: np.ndarray, absmax: np.ndarray, block: int = NF4_BLOCK
     expected = codes.shape[:-1] + (codes.shape[-1] // block,)
     if absmax.shape != expected:
         raise ValueError(f"absmax must have shape {expected}, got {absmax.shape}")
+    bad = ~(np.isfinite(absmax) & (absmax >= 0))
+    if bad.any():
+        fail("absmax", float(absmax[bad][0]), "finite and >= 0 in every block (the block's largest |x|)")
     vals = nf4_levels()[codes].reshape(-1, block) * absmax.reshape(-1, 1).astype(F32)
     return vals.reshape(codes.shape)

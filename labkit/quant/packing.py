@@ -20,7 +20,7 @@ import math
 import torch
 
 from .._checks import check_type, fail, is_int
-from .qtensor import check_word
+from .qtensor import check_has_data, check_word
 
 LAYOUTS = ("adjacent", "llama")
 
@@ -33,11 +33,13 @@ def pack_int4(codes: torch.Tensor, layout: str = "adjacent") -> torch.Tensor:
         fail("codes", codes.dtype, "an integer tensor", TypeError)
     if codes.numel() == 0:
         raise ValueError(f"codes must be a non-empty integer tensor, got shape {tuple(codes.shape)}")
+    check_has_data("codes", codes)
     check_word("layout", layout, LAYOUTS)
-    c = codes.reshape(-1).to(torch.int16)
-    if c.min() < -8 or c.max() > 7:
-        raise ValueError(f"codes must be in [-8, 7], got values in [{int(c.min())}, {int(c.max())}]")
-    n = (c + 8).to(torch.uint8)
+    c = codes.reshape(-1)
+    lo, hi = int(c.min()), int(c.max())  # in the codes' own dtype: a cast first would wrap 65539 to 3
+    if lo < -8 or hi > 7:
+        raise ValueError(f"codes must be in [-8, 7], got values in [{lo}, {hi}]")
+    n = (c.to(torch.int16) + 8).to(torch.uint8)
     if layout == "adjacent":
         if n.numel() % 2:
             n = torch.cat([n, torch.tensor([8], dtype=torch.uint8)])
@@ -55,6 +57,9 @@ def unpack_int4(packed: torch.Tensor, numel: int, layout: str = "adjacent") -> t
     check_type("packed", packed, torch.Tensor, "a uint8 torch.Tensor")
     if packed.dtype != torch.uint8:
         fail("packed", packed.dtype, "a uint8 torch.Tensor", TypeError)
+    check_has_data("packed", packed)
+    if packed.numel() == 0:
+        fail("packed", packed, "a non-empty uint8 tensor (at least one packed byte)")
     expected = f"{2 * packed.numel() - 1} or {2 * packed.numel()} for {packed.numel()} packed bytes"
     if not is_int(numel):
         fail("numel", numel, f"an int, {expected}", TypeError)

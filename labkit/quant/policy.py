@@ -50,20 +50,25 @@ def resolve_policy(policy: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _check_qtensors(qtensors, model, precision: dict[str, str]) -> dict[str, QTensor]:
-    """qtensors: None or {layer path: QTensor} for layers this policy quantizes to integers."""
+def _check_qtensors(qtensors, model, precision: dict[str, str], group_size, scheme: str) -> dict[str, QTensor]:
+    """qtensors: None or {layer path: QTensor} for layers this policy quantizes to integers, each with the
+    bits of its layer's precision and the model's group size and scheme (a mismatch is a mistake, not a
+    setting: the report and the sweep name one group size and one scheme)."""
     if qtensors is None:
         return {}
     check_type("qtensors", qtensors, Mapping, "a dict {layer path: QTensor} or None")
     shapes = {e.path: (e.shape, _BITS[precision[e.layer_type]]) for e, _ in iter_linears(model)
               if precision[e.layer_type] in _BITS}
+    if qtensors and not shapes:
+        fail("qtensors", sorted(qtensors), "empty or None: this policy quantizes no layer to int8 or int4")
     for path, q in qtensors.items():
         check_word("qtensors key", path, tuple(shapes))
         check_type(f"qtensors[{path!r}]", q, QTensor, "a labkit.quant.QTensor")
         shape, bits = shapes[path]
-        if q.shape != shape or q.bits != bits:
-            raise ValueError(f"qtensors[{path!r}] must be a {bits}-bit QTensor of shape {shape}, "
-                             f"got {q.bits} bits of shape {q.shape}")
+        if q.shape != shape or q.bits != bits or q.group_size != group_size or q.scheme != scheme:
+            raise ValueError(f"qtensors[{path!r}] must be a {bits}-bit {scheme} QTensor of shape {shape} with "
+                             f"group_size={group_size!r}, got {q.bits} bits {q.scheme} of shape {q.shape} with "
+                             f"group_size={q.group_size!r}")
     return dict(qtensors)
 
 
@@ -99,7 +104,7 @@ def quantize_model(model: nn.Module, policy: Mapping[str, str], group_size: int 
              "lm_head is tied to the embedding")
     group_size, scheme = check_group_size(group_size), check_scheme(scheme)
     check_word("backend", backend, BACKENDS)
-    qtensors = _check_qtensors(qtensors, model, precision)
+    qtensors = _check_qtensors(qtensors, model, precision, group_size, scheme)
     norms = [name for name, _ in model.named_parameters() if layer_type(name) == "norm"]
     model = copy.deepcopy(model)
     rows = []

@@ -78,16 +78,24 @@ def check_group_size(group_size) -> int | str:
     return int(group_size)
 
 
+def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
+    """t holds values (a meta tensor has a shape and a dtype but no data to quantize or measure)."""
+    if t.is_meta:
+        fail(name, t.device, "a tensor with data (not on the meta device)")
+    return t
+
+
 def check_weight(w, name: str = "w") -> torch.Tensor:
     """A finite, non-empty, floating-point 2-D torch.Tensor [out, in]."""
     check_type(name, w, torch.Tensor, "a torch.Tensor")
     if not w.is_floating_point():
         fail(name, w.dtype, "a floating-point tensor", TypeError)
+    check_has_data(name, w)
     if w.dim() != 2 or w.numel() == 0:
         raise ValueError(f"{name} must be a non-empty 2-D tensor [out, in], got shape {tuple(w.shape)}")
     if not torch.isfinite(w).all():
         bad = tuple((~torch.isfinite(w)).nonzero()[0].tolist())
-        raise ValueError(f"{name} must be finite; found {w[bad].item()} at index {bad}")
+        fail(name, w[bad].item(), f"finite (no NaN or inf; the first one is at index {bad})")
     return w
 
 
@@ -96,6 +104,7 @@ def _check_tensor(name: str, t, kind: str, dtype_ok, shape: tuple[int, ...]) -> 
     check_type(name, t, torch.Tensor, f"{kind} torch.Tensor")
     if not dtype_ok(t):
         fail(name, t.dtype, f"{kind} tensor", TypeError)
+    check_has_data(name, t)
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
 
@@ -130,6 +139,9 @@ class QTensor:
         if lo < qmin or hi > qmax:
             raise ValueError(f"codes must be in [{qmin}, {qmax}] for {self.bits} bits, got values in [{lo}, {hi}]")
         _check_tensor("scale", self.scale, "a float", torch.Tensor.is_floating_point, (rows, groups))
+        if not (torch.isfinite(self.scale) & (self.scale > 0)).all():
+            bad = float(self.scale[~(torch.isfinite(self.scale) & (self.scale > 0))][0])
+            fail("scale", bad, "finite and > 0 in every group (a step between levels)")
         if self.scheme == "sym":
             if self.zero is not None:
                 raise TypeError(f"zero must be None for scheme 'sym', got {type(self.zero).__name__}")
@@ -155,8 +167,9 @@ class QTensor:
         embedding lookup does: the result is then [*rows.shape, in])."""
         if rows is not None:
             check_type("rows", rows, torch.Tensor, "an integer torch.Tensor or None")
-            if rows.is_floating_point() or rows.dtype == torch.bool:
+            if rows.is_floating_point() or rows.is_complex() or rows.dtype == torch.bool:
                 fail("rows", rows.dtype, "an integer tensor", TypeError)
+            check_has_data("rows", rows)
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.shape[0]):
                 raise ValueError(f"rows must be in [0, {self.shape[0] - 1}], "
                                  f"got values in [{int(rows.min())}, {int(rows.max())}]")
@@ -229,7 +242,8 @@ def quantize(w: torch.Tensor, bits: int = 4, scheme: str = "asym", group_size: i
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     if scheme == "sym":
         amax = x.abs().amax(-1)
-        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        # amax / qmax can underflow to 0 for subnormal weights: the step is then float32's smallest, 2**-149
+        scale = torch.where(amax > 0, (amax / qmax).clamp_min(2.0 ** -149), torch.ones_like(amax))
         codes = torch.round(x / scale[..., None]).clamp_(qmin, qmax)
         zero = None
     else:
@@ -257,6 +271,9 @@ def quant_error(w: torch.Tensor, w_hat: torch.Tensor) -> dict[str, float]:
     max_abs (largest |w - w_hat|). Computed in float64."""
     for name, t in (("w", w), ("w_hat", w_hat)):
         check_type(name, t, torch.Tensor, "a torch.Tensor")
+        if not t.is_floating_point():
+            fail(name, t.dtype, "a floating-point tensor", TypeError)
+        check_has_data(name, t)
         if t.numel() == 0 or not torch.isfinite(t).all():
             raise ValueError(f"{name} must be non-empty and finite, got shape {tuple(t.shape)} with "
                              f"{int((~torch.isfinite(t)).sum())} non-finite values")

@@ -14,6 +14,9 @@ gained + lost). A claimed retention is "reached" only if the whole interval is a
     table        the sweep's results as the notebook prints them
     sensitivity  one layer type at a time in INT4: perplexity increase on the whole text and on pieces of it
                  (the pieces show how much the figure moves from one text to another)
+    gptq_vs_rtn  GPTQ against round-to-nearest, the one comparison notebook 03 and the benchmark print:
+                 perplexity on the whole text, and the paired GPTQ - RTN differences over its pieces with
+                 their 95% interval (labkit.quant.noise) for the verdict
 """
 
 from __future__ import annotations
@@ -22,16 +25,23 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
 import torch.nn as nn
 
 from tqdm.auto import tqdm
 
 from .._checks import check_bool, check_positive, check_positive_int, check_type, fail
 from ..tinylm import TASK_KINDS, Task, make_tasks, perplexity, task_correct
+from .gptq import gptq
+from .noise import BELOW, PairedDifference, paired_difference
 from .policy import SETTINGS, Setting, quantize_model
+from .qtensor import check_group_size, check_scheme, check_word
 from .threads import torch_threads
 
 SHORT = {"arithmetic": "arith"}  # column headers of table()
+ROW_KEYS = frozenset({"KiB", "bpw", "ratio", "ppl", "gained", "lost", "retained", "low", "high", "correct", "ok"})
+SENSITIVE_KINDS = ("embedding", "attention", "mlp", "head")  # the layer types sensitivity() quantizes alone
+SENSITIVE_PRECISIONS = ("fp16", "bf16", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,11 @@ def table(results: dict[str, dict]) -> list[str]:
     check_type("results", results, dict, "a dict from quality.sweep")
     if not results:
         fail("results", results, "a non-empty dict from quality.sweep")
+    for name, r in results.items():
+        if not isinstance(r, dict) or not ROW_KEYS <= set(r):
+            error = TypeError if not isinstance(r, dict) else ValueError
+            fail(f"results[{name!r}]", r if not isinstance(r, dict) else sorted(r),
+                 f"a dict from quality.sweep (with {sorted(ROW_KEYS)})", error)
     kinds = [k for k in TASK_KINDS if k in next(iter(results.values()))]
     width = max(len(n) for n in results) + 2
     lines = [f"{'':<{width}}{'KiB':>6}{'bits/w':>7}{'vs FP32':>8}{'ppl':>8}"
@@ -149,8 +164,9 @@ def table(results: dict[str, dict]) -> list[str]:
 def split_text(text, n: int) -> list:
     """`text` (bytes or 1-D token ids) cut into `n` consecutive pieces of equal length (a remainder shorter
     than n is dropped), for measuring how much a perplexity moves from one text to another."""
-    if not isinstance(text, (bytes, bytearray)) and not (hasattr(text, "dim") and text.dim() == 1):
-        fail("text", type(text).__name__, "bytes or a 1-D tensor of token ids", TypeError)
+    if not isinstance(text, (bytes, bytearray)) and not (isinstance(text, torch.Tensor) and text.dim() == 1 and
+                                                         not text.is_floating_point() and text.dtype != torch.bool):
+        fail("text", type(text).__name__, "bytes or a 1-D integer tensor of token ids", TypeError)
     check_positive_int("n", n)
     size = len(text) // n
     if size < 2:
@@ -184,8 +200,11 @@ def sensitivity(model: nn.Module, text, kinds: Sequence[str] = ("embedding", "at
     """For each layer type in `kinds`: quantize only that type (to `precision`, the rest stays FP32) and measure
     the perplexity increase over `model` on `text` and on its `n_pieces` pieces (split_text). Notebook 03,
     section 6, and benchmarks/quant_quality.py."""
-    if isinstance(kinds, str) or not kinds:
-        fail("kinds", kinds, "a non-empty sequence of layer types", TypeError)
+    if isinstance(kinds, str) or not isinstance(kinds, Sequence) or not kinds:
+        fail("kinds", kinds, f"a non-empty sequence of layer types from {SENSITIVE_KINDS}", TypeError)
+    for kind in kinds:
+        check_word("kinds", kind, SENSITIVE_KINDS)
+    check_word("precision", precision, SENSITIVE_PRECISIONS)
     pieces = split_text(text, n_pieces)
     out = {}
     with torch_threads(threads, "threads"):
@@ -205,6 +224,70 @@ def sensitivity_lines(sens: dict[str, Sensitivity]) -> list[str]:
     """One line per layer type: its share, the perplexity increase, and that increase per weight on the
     whole text and on each piece."""
     check_type("sens", sens, dict, "a dict from quality.sensitivity")
+    for kind, v in sens.items():
+        check_type(f"sens[{kind!r}]", v, Sensitivity, "a labkit.quant.quality.Sensitivity")
     return [f"only {s.kind:<10} in {s.precision.upper()} ({s.share:4.0%} of the weights): perplexity {s.delta:+.4f}, "
             f"{s.per_weight:+.4f} per weight; on each piece " + " ".join(f"{v:+.4f}" for v in s.piece_per_weight)
             for s in sens.values()]
+
+
+GPTQ_POLICY = {"attention": "int4", "mlp": "int4"}  # the linear layers (GPTQ needs a matmul's inputs)
+
+
+@dataclass(frozen=True)
+class GptqComparison:
+    """GPTQ against round-to-nearest for one INT4 setting (attention and MLP in INT4, the rest FP32):
+    perplexities on the whole text of FP32 (`base`), RTN and GPTQ, and the paired GPTQ - RTN differences
+    over the text's pieces (`paired`, labkit.quant.noise)."""
+    group_size: int | str
+    scheme: str
+    base: float
+    rtn: float
+    gptq: float
+    paired: PairedDifference
+
+    @property
+    def removed(self) -> float:
+        """The share of RTN's perplexity increase over FP32 that GPTQ removes (1 = all of it; above 1:
+        GPTQ ends below FP32)."""
+        return (self.rtn - self.gptq) / (self.rtn - self.base) if self.rtn != self.base else math.nan
+
+    @property
+    def verdict(self) -> str:
+        """"GPTQ beats RTN" only when the whole interval of GPTQ - RTN is below 0."""
+        if self.paired.decision == BELOW:
+            return "GPTQ beats RTN"
+        return "RTN beats GPTQ" if self.paired.low > 0 else "within the noise between texts"
+
+    def line(self) -> str:
+        better = self.paired.n - self.paired.above
+        return (f"INT4 {self.scheme} group {self.group_size}: perplexity vs FP32 RTN {self.rtn - self.base:+.4f}, "
+                f"GPTQ {self.gptq - self.base:+.4f} (removes {self.removed:.0%} of RTN's increase); GPTQ - RTN over "
+                f"{self.paired.n} pieces {self.paired.mean:+.4f} (95% interval {self.paired.low:+.4f} to "
+                f"{self.paired.high:+.4f}, GPTQ better on {better} of {self.paired.n}) -> {self.verdict}")
+
+
+def gptq_vs_rtn(model: nn.Module, text, calibration, settings: Sequence[tuple[int | str, str]] = ((32, "asym"),),
+                n_pieces: int = 4, threads: int | None = 1) -> dict[tuple[int | str, str], GptqComparison]:
+    """{(group_size, scheme): GptqComparison} for each INT4 setting: GPTQ calibrated on `calibration` tokens
+    [batch, time] (labkit.quant.gptq.gptq) against round-to-nearest, attention and MLP in INT4, measured on
+    `text` and on its `n_pieces` pieces (split_text). Notebook 03, section 7, and benchmarks/quant_quality.py."""
+    if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence) or not settings:
+        fail("settings", settings, "a non-empty sequence of (group_size, scheme) pairs", TypeError)
+    for pair in settings:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            fail("settings", tuple(settings), "a sequence of (group_size, scheme) pairs", TypeError)
+        check_group_size(pair[0]), check_scheme(pair[1])
+    pieces = split_text(text, n_pieces)
+    out = {}
+    with torch_threads(threads, "threads"):
+        base = perplexity(model, text)
+        for group, scheme in settings:
+            qts = gptq(model, calibration, 4, group, scheme, threads=None)
+            rtn = quantize_model(model, GPTQ_POLICY, group, scheme)[0]
+            calibrated = quantize_model(model, GPTQ_POLICY, group, scheme, qtensors=qts)[0]
+            paired = paired_difference([perplexity(calibrated, p) for p in pieces],
+                                       [perplexity(rtn, p) for p in pieces])
+            out[(group, scheme)] = GptqComparison(group, scheme, base, perplexity(rtn, text),
+                                                  perplexity(calibrated, text), paired)
+    return out

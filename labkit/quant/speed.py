@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_positive_int, check_type, fail
+from .._checks import check_int, check_positive_int, check_type, fail
 from ..course import Timing, interleave
 from ..memory_wall import hardware
 from .linear import QuantLinear
@@ -141,7 +141,7 @@ def measure_matmuls(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: in
     `group_size`."""
     for name, v in (("n", n), ("k", k), ("matrices", matrices), ("repeats", repeats), ("group_size", group_size)):
         check_positive_int(name, v)
-    check_positive_int("roof_bytes", roof_bytes, unit="bytes")
+    check_int("roof_bytes", roof_bytes, 4, unit="bytes (one float32 at least)")
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=gen) * 0.02 for _ in range(matrices)]
     layers = [QuantLinear(quantize(w, 4, "asym", group_size)) for w in weights]

@@ -8,6 +8,8 @@ import torch
 from labkit.quant import exercises as ex
 from labkit.rng import Rng
 
+from ..refusals import assert_refused
+
 EXERCISES = [ex.ASYM_QUANTIZE, ex.PACK, ex.QUANTIZED_LINEAR]
 
 
@@ -196,3 +198,8 @@ def test_random_cases_are_valid_inputs():
         assert codes.numel() % 2 == 0 and int(codes.min()) >= -8 and int(codes.max()) <= 7
         x, q = ex.random_layer(rng)
         assert x.shape[-1] == q.shape[1] and q.scheme == "asym" and q.bits == 4
+
+
+def test_what_is_not_a_function_is_refused_before_any_check():
+    assert_refused(lambda: ex.asym_round_trip(1, lambda *a: a), TypeError, "asym_quantize", 1, "a function")
+    assert_refused(lambda: ex.pack_round_trip(lambda c: c, "unpack"), TypeError, "unpack", "unpack", "a function")

@@ -11,6 +11,8 @@ from labkit.course import Timing  # noqa: E402
 from labkit.quant import explore as qw  # noqa: E402
 from labkit.quant import quantize, speed  # noqa: E402
 
+from ..refusals import assert_refused  # noqa: E402
+
 
 def test_grid_levels_are_what_dequantize_can_produce():
     w = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) + 0.3
@@ -67,6 +69,12 @@ def test_bad_input_is_refused_before_any_figure():
         qw.error_table(w, bits_list=(4.0,))
     with pytest.raises(TypeError, match="static must be True or False"):
         qw.explorer(w, static="yes")
+    assert_refused(lambda: qw.error_table(w, bits_list=()), TypeError, "bits_list", (), "a non-empty tuple or list")
+    assert_refused(lambda: qw.error_table(w, groups=(48,)), ValueError, "groups", (48,),
+                   "at least one divides w's input dimension 64")
+    assert_refused(lambda: qw.plot_group(w, ax=3), TypeError, "ax", 3, "a matplotlib Axes or None")
+    assert_refused(lambda: qw.label_points(None, []), TypeError, "ax", None, "a matplotlib Axes")
+    assert_refused(lambda: qw.plot_quality({"FP32": 1}), TypeError, "results['FP32']", 1, "a dict from quality.sweep")
 
 
 def label_boxes(ax):

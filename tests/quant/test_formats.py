@@ -15,6 +15,8 @@ from gguf.quants import quantize as gguf_quantize
 
 from labkit.quant import formats as qf
 
+from ..refusals import assert_refused
+
 
 def f32(v: float) -> float:
     """Round a Python float to float32 (the C code computes in float)."""
@@ -152,6 +154,8 @@ def test_bits_per_weight():
         qf.bits_per_weight("q5_k")
     with pytest.raises(TypeError, match="fmt must be one of"):
         qf.bits_per_weight(4)
+    for bad in (["q4_0"], None, b"q4_0"):
+        assert_refused(lambda: qf.bits_per_weight(bad), TypeError, "fmt", bad, "one of ('q4_0', 'q4_1', 'q8_0')")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from labkit.quant import QuantEmbedding, QuantLinear, quantize
 from labkit.quant.linear import int4_kernel_available, to_int4pack
 
+from ..refusals import assert_refused
+
 needs_kernel = pytest.mark.skipif(not int4_kernel_available(), reason="no INT4 CPU kernel in this torch")
 
 
@@ -116,6 +118,27 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match=r"inner_k_tiles must be one of \(2, 4, 8\), got 3"):
         to_int4pack(q, inner_k_tiles=3)
     assert ql(torch.randn(2, 64)).shape == (2, 16) and ql.backend == "auto"  # unchanged by the refusals
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool, torch.cfloat])
+def test_inputs_that_are_not_real_floats_are_refused_on_every_path(dtype):
+    # an integer x would be multiplied in integers (the weights truncated): refused, as nn.Linear refuses it
+    q = quantize(linear(16, 64).weight.detach())
+    x = torch.ones(2, 64, dtype=dtype)
+    for backend in ("reference", "auto"):
+        ql = QuantLinear(q, backend=backend)
+        calls = [lambda: ql(x), lambda: ql.forward_reference(x)]
+        calls += [lambda: ql.forward_int4pack(x)] if ql.int4pack is not None else []
+        for call in calls:
+            assert_refused(call, TypeError, "x", dtype, "a floating-point tensor")
+    assert_refused(lambda: QuantLinear(q, torch.zeros(16, dtype=torch.long)), TypeError, "bias", torch.long,
+                   "a floating-point tensor or None")
+
+
+def test_the_kernel_path_refuses_a_layer_it_cannot_run():
+    ql = QuantLinear(quantize(linear(16, 64).weight.detach(), 8), backend="reference")  # 8 bits: no INT4 kernel
+    with pytest.raises(ValueError, match="forward_int4pack needs torch's INT4 kernel"):
+        ql.forward_int4pack(torch.randn(1, 64))
 
 
 def test_quantized_embedding_dequantizes_only_the_rows_it_reads():

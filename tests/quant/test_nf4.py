@@ -1,10 +1,13 @@
-"""NF4 against bitsandbytes' published table and a brute-force nearest-level search."""
+"""NF4 against bitsandbytes' published table, its tie rule at the exact midpoints, and a brute-force
+nearest-level search."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit.quant import nf4
+
+from ..refusals import assert_refused
 
 # bitsandbytes' NF4 table as published (csrc/kernels.cu; the QLoRA paper's appendix lists the same values)
 NF4_PUBLISHED = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -57,3 +60,39 @@ def test_nf4_storage_is_four_and_a_half_bits_per_weight():
     codes, absmax = nf4.quantize_nf4(x)
     assert codes.shape == x.shape and absmax.shape == (4, 256 // nf4.NF4_BLOCK) and absmax.dtype == np.float32
     assert (4 * codes.size + 32 * absmax.size) / x.size == 4.5
+
+
+def bnb_code(x: float) -> int:
+    """bitsandbytes' rule (dQuantizeNF4 in csrc/kernels.cu, a tree of `x > threshold` tests whose thresholds
+    are the midpoints of neighbouring levels): the code is the number of midpoints strictly below x."""
+    levels = nf4.nf4_levels()
+    mids = [np.float32((float(levels[i]) + float(levels[i + 1])) / 2) for i in range(15)]
+    return sum(x > m for m in mids)
+
+
+def test_a_value_exactly_between_two_levels_goes_down_as_in_bitsandbytes():
+    levels = nf4.nf4_levels()
+    mids = ((levels[1:] + levels[:-1]) / 2).astype(np.float32)  # float32 midpoints: exact ties once scaled by 1
+    up = np.nextafter(mids, np.float32(2))
+    down = np.nextafter(mids, np.float32(-2))
+    x = np.concatenate([[1.0], mids, up, down, np.zeros(64 - 1 - 45)]).astype(np.float32)  # absmax 1: x / 1 = x
+    codes, absmax = nf4.quantize_nf4(x)
+    assert absmax[0] == 1.0
+    assert codes[1:16].tolist() == list(range(15))            # each midpoint: the lower of its two levels
+    assert codes[16:31].tolist() == list(range(1, 16))        # one float32 step above: the upper one
+    assert codes[31:46].tolist() == list(range(15))
+    assert codes.tolist() == [bnb_code(float(v)) for v in x]
+
+
+@pytest.mark.parametrize("absmax", [np.nan, np.inf, -1.0])
+def test_dequantize_refuses_an_absmax_that_is_not_a_block_maximum(absmax):
+    assert_refused(lambda: nf4.dequantize_nf4(np.zeros(64, np.uint8), np.array([absmax], np.float32)), ValueError,
+                   "absmax", float(np.float32(absmax)), "finite and >= 0")
+
+
+def test_dequantize_refuses_bad_blocks_by_name():
+    codes, absmax = np.zeros(64, np.uint8), np.ones(1, np.float32)
+    assert_refused(lambda: nf4.dequantize_nf4(codes, absmax, block=0), ValueError, "block", 0, "a positive int")
+    assert_refused(lambda: nf4.dequantize_nf4(codes, absmax, block=True), TypeError, "block", True, "a positive int")
+    with pytest.raises(ValueError, match=r"codes' last dimension must be a positive multiple of 64, got shape \(65,\)"):
+        nf4.dequantize_nf4(np.zeros(65, np.uint8), absmax)

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from labkit.quant import packing
 
+from ..refusals import assert_refused
+
 
 def brute_pack(codes: list[int], layout: str) -> bytes:
     n = [c + 8 for c in codes]
@@ -60,3 +62,21 @@ def test_pack_reads_any_shape_row_major():
 def test_bad_input_is_refused(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("value, dtype", [(65539, torch.int32), (-65536, torch.int32), (2 ** 40, torch.int64),
+                                          (8, torch.int8), (200, torch.uint8), (-9, torch.int16)])
+def test_out_of_range_codes_are_refused_before_any_cast(value, dtype):
+    # 65539 = 65536 + 3 would wrap to code 3 if the codes were cast to int16 first
+    codes = torch.tensor([0, value], dtype=dtype)
+    with pytest.raises(ValueError, match=rf"^codes must be in \[-8, 7\], got values in \[{min(0, value)}, {max(0, value)}\]$"):
+        packing.pack_int4(codes)
+
+
+def test_tensors_without_data_or_bytes_are_refused_by_name():
+    assert_refused(lambda: packing.pack_int4(torch.empty(2, dtype=torch.int8, device="meta")), ValueError, "codes",
+                   torch.device("meta"), "a tensor with data")
+    empty = torch.empty(0, dtype=torch.uint8)
+    assert_refused(lambda: packing.unpack_int4(empty, 0), ValueError, "packed", empty, "a non-empty uint8 tensor")
+    assert_refused(lambda: packing.unpack_int4(torch.zeros(1, dtype=torch.uint8), True), TypeError, "numel", True,
+                   "an int, 1 or 2")

@@ -11,6 +11,8 @@ from labkit.quant.policy import resolve_policy
 from labkit.tinylm import TinyLM, TinyLMConfig, linear_layers, param_counts, perplexity
 from labkit.tinylm import corpus as data
 
+from ..refusals import assert_refused
+
 
 def small(tied: bool, seed: int = 0) -> TinyLM:
     torch.manual_seed(seed)
@@ -157,8 +159,17 @@ def test_given_qtensors_replace_round_to_nearest():
     used = qm.layers[0].mlp.w_up.qweight
     assert torch.equal(used.codes, custom.codes) and used.scale is custom.scale
     assert torch.equal(qm.layers[0].mlp.w_gate.qweight.codes, quantize(model.layers[0].mlp.w_gate.weight.detach()).codes)
-    with pytest.raises(ValueError, match=r"qtensors\['layers.0.mlp.w_up'\] must be a 8-bit QTensor of shape \(128, 64\)"):
+    with pytest.raises(ValueError, match=r"qtensors\['layers.0.mlp.w_up'\] must be a 8-bit asym QTensor of shape \(128, 64\)"):
         quantize_model(model, {"mlp": "int8"}, qtensors={"layers.0.mlp.w_up": custom})
+    # a QTensor of another group size or scheme than the model's is a mistake, not silently mixed in
+    for kwargs in ({"group_size": 64}, {"scheme": "sym"}):
+        with pytest.raises(ValueError, match=r"must be a 4-bit \w+ QTensor of shape \(128, 64\) with group_size=\S+, "
+                                             r"got 4 bits asym of shape \(128, 64\) with group_size=32"):
+            quantize_model(model, {"mlp": "int4"}, qtensors={"layers.0.mlp.w_up": custom}, **kwargs)
+    assert_refused(lambda: quantize_model(model, {"mlp": "int4"}, qtensors={"nope": custom}), ValueError,
+                   "qtensors key", "nope", "one of ('layers.0.mlp.w_gate'")
+    assert_refused(lambda: quantize_model(model, {"mlp": "fp16"}, qtensors={"layers.0.mlp.w_up": custom}), ValueError,
+                   "qtensors", ["layers.0.mlp.w_up"], "empty or None: this policy quantizes no layer")
 
 
 def test_settings_are_one_checked_list():

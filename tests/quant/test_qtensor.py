@@ -9,6 +9,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from labkit.quant import qtensor as quant
+from labkit.quant.packing import pack_int4
+
+from ..refusals import assert_refused
 
 
 def brute_quantize(w: np.ndarray, bits: int, scheme: str, group: int):
@@ -157,8 +160,8 @@ def test_bad_arguments_are_named(kwargs, error, message):
 
 
 @pytest.mark.parametrize("w, error, message", [
-    (torch.tensor([[1.0, float("nan")]]), ValueError, r"finite; found nan at index \(0, 1\)"),
-    (torch.tensor([[float("inf"), 1.0]]), ValueError, "found inf"),
+    (torch.tensor([[1.0, float("nan")]]), ValueError, r"w must be finite \(no NaN or inf; the first one is at index \(0, 1\)\), got nan"),
+    (torch.tensor([[float("inf"), 1.0]]), ValueError, "got inf"),
     (torch.zeros(0, 4), ValueError, "non-empty 2-D"),
     (torch.zeros(8), ValueError, r"got shape \(8,\)"),
     (torch.zeros(2, 4, dtype=torch.int32), TypeError, "floating-point"),
@@ -278,3 +281,71 @@ def test_repr_names_settings_shapes_and_dtypes_never_values():
                        "zero [16, 2] int32)")
     assert repr(quant.quantize(torch.ones(4, 8), 8, "sym", "channel")) == (
         "QTensor(8-bit sym, group_size='channel', codes [4, 8] int8, scale [4, 1] float32, no zero point)")
+
+
+def test_exact_ties_round_half_to_even():
+    # steps of exactly 1, so w / scale lands on .5: Python's round (halves to even) is the reference
+    sym = [7.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5]  # max|w| = 7 = qmax: scale 1
+    q = quant.quantize(torch.tensor([sym]), 4, "sym", "channel")
+    assert float(q.scale) == 1.0 and q.codes[0].tolist() == [round(v) for v in sym]
+    asym = [-1.5, 13.5, 0.5, 2.5, 4.5, -0.5, 11.5, 6.5]  # range 15 over 15 steps: scale 1; min / scale = -1.5
+    q = quant.quantize(torch.tensor([asym]), 4, "asym", "channel")
+    zero = -8 - round(-1.5)
+    assert float(q.scale) == 1.0 and int(q.zero) == zero == -6
+    assert q.codes[0].tolist() == [min(max(round(v) + zero, -8), 7) for v in asym]
+
+
+def test_the_zero_point_floor_is_max_abs_over_2_to_the_14():
+    # a near-constant group: its range / 15 is far below max|w| / 2**14, so the floor sets the step
+    top = 1.0 + 2.0 ** -20  # exact in float32
+    w = torch.tensor([[1.0, 1.0, 1.0, top] * 8])
+    q = quant.quantize(w, 4, "asym", 32)
+    step = top / 2 ** 14
+    assert float(q.scale) == step
+    assert int(q.zero) == -8 - round(1.0 / step) == -16392
+    assert (q.dequantize() - w).abs().max() <= step / 2
+
+
+@pytest.mark.parametrize("shape, bits, group, scheme, code_bytes", [
+    ((3, 5), 4, 5, "sym", 8), ((1, 3), 4, 3, "asym", 2), ((3, 3), 3, 3, "sym", 4), ((1, 1), 2, 1, "sym", 1),
+    ((1, 5), 8, 5, "asym", 5), ((5, 7), 4, "channel", "asym", 18)])
+def test_bytes_of_odd_sizes_round_up(shape, bits, group, scheme, code_bytes):
+    # code bytes worked out by hand: ceil(numel * bits / 8); 4-bit codes also against the packer's own bytes
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    q = quant.quantize(w, bits, scheme, group)
+    groups = q.scale.numel()
+    assert q.nbytes() == code_bytes + groups * (2 + (2 if scheme == "asym" else 0))
+    if bits == 4:
+        assert pack_int4(q.codes).numel() == code_bytes
+
+
+def test_subnormal_symmetric_weights_keep_a_positive_step():
+    for v in (1e-45, 3e-45, 1e-40):
+        w = torch.tensor([[v, 0.0]])
+        q = quant.quantize(w, 4, "sym", "channel")
+        assert float(q.scale) > 0 and (q.dequantize() - w).abs().max() <= float(q.scale) / 2
+
+
+def test_bad_input_of_every_function_is_refused_by_name():
+    w = torch.randn(4, 32)
+    q = quant.quantize(w)
+    meta = torch.empty(4, 32, device="meta")
+    assert_refused(lambda: quant.quantize(meta), ValueError, "w", torch.device("meta"), "a tensor with data")
+    assert_refused(lambda: quant.quant_error(meta, meta), ValueError, "w", torch.device("meta"), "a tensor with data")
+    assert_refused(lambda: quant.quant_error(torch.ones(2, dtype=torch.long), torch.ones(2)), TypeError, "w",
+                   torch.long, "a floating-point tensor")
+    assert_refused(lambda: quant.quant_error(w, torch.ones(4, 32, dtype=torch.cfloat)), TypeError, "w_hat",
+                   torch.cfloat, "a floating-point tensor")
+    assert_refused(lambda: quant.quantized_bytes(100, 4, 32, scale_bytes=1.5), TypeError, "scale_bytes", 1.5,
+                   "a positive int")
+    assert_refused(lambda: quant.quantized_bytes(100, 4, 32, zero_bytes=-1), ValueError, "zero_bytes", -1,
+                   "a non-negative int")
+    assert_refused(lambda: q.nbytes(scale_bytes=-2), ValueError, "scale_bytes", -2, "a positive int")
+    assert_refused(lambda: q.bits_per_weight(zero_bytes=0), ValueError, "zero_bytes", 0, "a positive int")
+    fields = dict(codes=q.codes, zero=q.zero, bits=4, group_size=32, scheme="asym", shape=(4, 32))
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        scale = q.scale.clone()
+        scale[1, 0] = bad
+        assert_refused(lambda: quant.QTensor(scale=scale, **fields), ValueError, "scale", bad, "finite and > 0")
+    assert_refused(lambda: quant.QTensor(scale=torch.empty(4, 1, device="meta"), **fields), ValueError, "scale",
+                   torch.device("meta"), "a tensor with data")

@@ -3,11 +3,14 @@ benchmarks/RESULTS.md; evaluate and sweep against direct calls of the tinylm eva
 import math
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.quant import SETTINGS, Setting, quality, quantize_model
+from labkit.quant import SETTINGS, Setting, gptq, quality, quantize_model
 from labkit.tinylm import TASK_KINDS, corpus, perplexity, task_correct
+
+from ..refusals import assert_refused
 
 
 def flips(base_right: int, base_wrong: int, gained: int, lost: int) -> tuple[list[bool], list[bool]]:
@@ -136,8 +139,11 @@ def test_split_text_cuts_equal_consecutive_pieces():
     assert quality.split_text(text, 3) == [bytes([0, 1, 2]), bytes([3, 4, 5]), bytes([6, 7, 8])]
     with pytest.raises(ValueError, match="n must be at most 5 for a text of 10 tokens"):
         quality.split_text(text, 6)
-    with pytest.raises(TypeError, match="text must be bytes or a 1-D tensor of token ids, got 'str'"):
+    with pytest.raises(TypeError, match="text must be bytes or a 1-D integer tensor of token ids, got 'str'"):
         quality.split_text("abc", 1)
+    assert_refused(lambda: quality.split_text(torch.zeros(8), 2), TypeError, "text", "Tensor",
+                   "bytes or a 1-D integer tensor of token ids")
+    assert quality.split_text(torch.arange(8), 2)[1].tolist() == [4, 5, 6, 7]
 
 
 def test_sensitivity_against_direct_perplexities(pretrained):
@@ -154,7 +160,43 @@ def test_sensitivity_against_direct_perplexities(pretrained):
     assert mlp.per_weight == mlp.delta / mlp.share and len(mlp.piece_per_weight) == 2
     line = quality.sensitivity_lines(sens)[1]
     assert line.startswith(f"only mlp        in INT4 ({mlp.share:4.0%} of the weights): perplexity {mlp.delta:+.4f}")
-    with pytest.raises(ValueError, match="policy key must be one of"):
-        quality.sensitivity(model, text, kinds=("ffn",))
-    with pytest.raises(TypeError, match="kinds must be a non-empty sequence of layer types, got 'mlp'"):
-        quality.sensitivity(model, text, kinds="mlp")
+    kinds = quality.SENSITIVE_KINDS
+    assert_refused(lambda: quality.sensitivity(model, text, kinds=("ffn",)), ValueError, "kinds", "ffn", f"one of {kinds}")
+    assert_refused(lambda: quality.sensitivity(model, text, kinds=("norm",)), ValueError, "kinds", "norm", "one of")
+    assert_refused(lambda: quality.sensitivity(model, text, kinds=(1,)), TypeError, "kinds", 1, "one of")
+    assert_refused(lambda: quality.sensitivity(model, text, kinds="mlp"), TypeError, "kinds", "mlp",
+                   "a non-empty sequence of layer types")
+    assert_refused(lambda: quality.sensitivity(model, text, precision="int3"), ValueError, "precision", "int3",
+                   "one of ('fp16', 'bf16', 'int8', 'int4')")
+    assert_refused(lambda: quality.sensitivity_lines({"mlp": 1}), TypeError, "sens['mlp']", 1,
+                   "a labkit.quant.quality.Sensitivity")
+
+
+def test_gptq_vs_rtn_against_direct_calls(pretrained):
+    # the one comparison notebook 03 and benchmarks/quant_quality.py print, rebuilt from its parts
+    model, _ = pretrained
+    text = corpus.corpus("test", n_bytes=1024, seed=2)
+    cal = torch.tensor(list(corpus.corpus("train", 2 * 64, seed=0))).view(2, 64)
+    (key, c), = quality.gptq_vs_rtn(model, text, cal, (("channel", "sym"),), n_pieces=2).items()
+    policy = {"attention": "int4", "mlp": "int4"}
+    rtn = quantize_model(model, policy, "channel", "sym")[0]
+    gq = quantize_model(model, policy, "channel", "sym", qtensors=gptq.gptq(model, cal, 4, "channel", "sym"))[0]
+    pieces = [text[:512], text[512:]]
+    assert key == ("channel", "sym") and (c.group_size, c.scheme) == key
+    assert (c.base, c.rtn, c.gptq) == (perplexity(model, text), perplexity(rtn, text), perplexity(gq, text))
+    assert c.paired.differences == tuple(perplexity(gq, p) - perplexity(rtn, p) for p in pieces)
+    assert c.removed == (c.rtn - c.gptq) / (c.rtn - c.base)
+    assert c.verdict == {"below": "GPTQ beats RTN", "above": "RTN beats GPTQ"}.get(c.paired.decision,
+                                                                                  "within the noise between texts")
+    assert c.line().startswith(f"INT4 sym group channel: perplexity vs FP32 RTN {c.rtn - c.base:+.4f}, GPTQ "
+                               f"{c.gptq - c.base:+.4f} (removes {c.removed:.0%} of RTN's increase); GPTQ - RTN over 2 pieces")
+    assert_refused(lambda: quality.gptq_vs_rtn(model, text, cal, ((32, "nf4"),)), ValueError, "scheme", "nf4", "one of")
+    assert_refused(lambda: quality.gptq_vs_rtn(model, text, cal, (32, "asym")), TypeError, "settings", (32, "asym"),
+                   "(group_size, scheme) pairs")
+    assert_refused(lambda: quality.gptq_vs_rtn(model, text, cal, ()), TypeError, "settings", (),
+                   "a non-empty sequence of (group_size, scheme) pairs")
+
+
+def test_table_refuses_rows_that_are_not_a_sweeps():
+    assert_refused(lambda: quality.table({"a": {}}), ValueError, "results['a']", [], "a dict from quality.sweep")
+    assert_refused(lambda: quality.table({"a": 1}), TypeError, "results['a']", 1, "a dict from quality.sweep")

@@ -73,6 +73,7 @@ def test_a_small_real_run_has_every_figure():
     assert r.weight_bytes[FP32] == 4 * 64 * 128 and r.weight_bytes[BF16] == 2 * 64 * 128
     assert r.path in ("int4pack", "reference") and torch.get_num_threads() == threads
     assert_refused(lambda: speed.measure_matmuls(repeats=0), ValueError, "repeats", 0, "a positive int")
+    assert_refused(lambda: speed.measure_matmuls(roof_bytes=3), ValueError, "roof_bytes", 3, "an int >= 4")
 
 
 def test_peaks_are_measured_on_all_threads_and_one():
