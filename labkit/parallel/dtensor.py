@@ -1,0 +1,42 @@
+"""The library's tensor parallelism: the same Megatron split of TinyLM with DTensor's parallelize_module
+(ColwiseParallel / RowwiseParallel on a cpu DeviceMesh), to check the course's labkit.parallel.tensor
+against it (notebook 04, section 3). The plan is read from TinyLM's table of linear layers: "column"
+-> ColwiseParallel, "row" -> RowwiseParallel; the embedding and output layer stay replicated.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from ..tinylm import TinyLM, TinyLMConfig, linear_layers
+from .distributed import Pool, shared_pool
+from .tensor import rebuild_model, tp_inputs
+
+STYLES = {"column": ColwiseParallel, "row": RowwiseParallel}
+
+
+def dtensor_plan(cfg: TinyLMConfig) -> dict:
+    """{module path: ColwiseParallel() or RowwiseParallel()} for every attention and MLP matrix."""
+    return {e.path: STYLES[e.tp_style]() for e in linear_layers(cfg) if e.tp_style in STYLES}
+
+
+@torch.no_grad()
+def dtensor_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, tokens: torch.Tensor) -> torch.Tensor:
+    """One rank of dtensor_logits: TinyLM parallelized by DTensor, its logits for `tokens`."""
+    model = rebuild_model(cfg, state)
+    for block in model.layers:  # the local outputs of a column-parallel wq hold n_heads / world heads
+        block.attn.n_heads, block.attn.n_kv_heads = cfg.n_heads // world, cfg.n_kv_heads // world
+    mesh = init_device_mesh("cpu", (world,))
+    parallelize_module(model, mesh, dtensor_plan(cfg))
+    return model(tokens)
+
+
+def dtensor_logits(model: TinyLM, tokens: torch.Tensor, tp: int, pool: Pool | None = None) -> torch.Tensor:
+    """TinyLM's logits [B, T, vocab] with DTensor tensor parallelism of degree `tp` over real gloo ranks;
+    refuses the degrees labkit.parallel.tensor refuses."""
+    cfg, state = tp_inputs(model, tp, pool)
+    model(tokens)
+    return (pool or shared_pool(tp)).run(dtensor_worker, cfg, state, tokens)[0]
+

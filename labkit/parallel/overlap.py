@@ -1,0 +1,85 @@
+"""Overlapping communication with computation (notebook 04, section 6): m micro-batches, each a compute
+phase (a chain of matmuls) followed by an all-reduce of its result, run one after the other and then with
+asynchronous all-reduces (async_op=True): micro-batch i's all-reduce runs while micro-batch i+1 computes,
+as DDP overlaps its bucketed gradient all-reduces with the backward pass.
+
+    sequential:  C0 A0 C1 A1 C2 A2              m (c + a)
+    overlapped:  C0 C1 C2 ..                    about c + (m-1) max(c, a) + a
+                    A0 A1 A2
+
+On this machine gloo's all-reduce runs on CPU threads that compete with the matmuls for the same 2 cores,
+so the measured gain is far below what a GPU node (copy engines and NVLink beside the SMs) gets.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from .._checks import check_choice, check_positive, check_positive_int
+from .distributed import Pool, shared_pool
+
+MODES = ("sequential", "overlapped")
+
+
+def predicted_seconds(mode: str, microbatches: int, compute: float, comm: float) -> float:
+    """The model above: seconds for `microbatches` of `compute` + `comm` seconds each."""
+    check_choice("mode", mode, MODES)
+    m = check_positive_int("microbatches", microbatches)
+    c, a = check_positive("compute", compute, allow_zero=True), check_positive("comm", comm, allow_zero=True)
+    return m * (c + a) if mode == "sequential" else c + (m - 1) * max(c, a) + a
+
+
+def _compute(x: torch.Tensor, w: torch.Tensor, depth: int) -> torch.Tensor:
+    for _ in range(depth):
+        x = torch.tanh(x @ w)
+    return x
+
+
+def overlap_worker(rank: int, world: int, microbatches: int, width: int, depth: int, rows: int) -> dict:
+    """Both modes on this rank, after a warm-up: seconds of each and the events
+    (kind "compute" | "comm", micro-batch, start, end) on the machine-wide clock."""
+    g = torch.Generator().manual_seed(rank)
+    w = torch.randn(width, width, generator=g) / width ** 0.5
+    xs = [torch.randn(rows, width, generator=g) for _ in range(microbatches)]
+    out = {}
+    for mode in ("warm-up", *MODES):
+        events, pending = [], None
+        dist.barrier()
+        t_start = time.perf_counter()
+        for i, x in enumerate(xs):
+            t0 = time.perf_counter()
+            y = _compute(x, w, depth)
+            events.append(("compute", i, t0, time.perf_counter()))
+            if mode != "overlapped":
+                t0 = time.perf_counter()
+                dist.all_reduce(y)
+                events.append(("comm", i, t0, time.perf_counter()))
+                continue
+            if pending is not None:
+                pending[0].wait()
+                events.append(("comm", i - 1, pending[1], time.perf_counter()))
+            pending = (dist.all_reduce(y, async_op=True), time.perf_counter())
+        if pending is not None:
+            pending[0].wait()
+            events.append(("comm", microbatches - 1, pending[1], time.perf_counter()))
+        out[mode] = {"seconds": time.perf_counter() - t_start, "events": events}
+    return {m: out[m] for m in MODES}
+
+
+def run_overlap(microbatches: int = 6, width: int = 256, depth: int = 8, rows: int = 256, world: int = 2,
+                pool: Pool | None = None) -> dict:
+    """Sequential against overlapped on `world` real ranks: {mode: {"seconds": slowest rank's, "events":
+    rank 0's, times from 0}}; each micro-batch all-reduces rows x width float32."""
+    for name, v in (("microbatches", microbatches), ("width", width), ("depth", depth), ("rows", rows)):
+        check_positive_int(name, v)
+    runs = (pool or shared_pool(world)).run(overlap_worker, microbatches, width, depth, rows)
+    out = {}
+    for mode in MODES:
+        events = runs[0][mode]["events"]
+        t0 = min(e[2] for e in events)
+        out[mode] = {"seconds": max(r[mode]["seconds"] for r in runs),
+                     "events": [(k, i, a - t0, b - t0) for k, i, a, b in events]}
+    return out

@@ -1,0 +1,185 @@
+"""Tensor parallelism, Megatron-style (Shoeybi et al. 2019), on TinyLM over real gloo ranks (notebook 04,
+section 3). The split of every matrix is read from TinyLM's table of linear layers (tp_style):
+
+    column  [out, in] -> rows r*out/tp .. : each rank computes its slice of the outputs (no communication)
+    row     [out, in] -> columns r*in/tp ..: each rank computes a partial sum of all outputs -> all_reduce
+    vocab   [vocab, d] -> rows r*V/tp ..  : embedding: look up own rows, zeros elsewhere -> all_reduce;
+                                            output layer: own slice of the logits -> all_gather
+
+    attention: wq, wk, wv column (each rank keeps n_heads/tp query heads and n_kv_heads/tp KV heads, a whole
+               GQA group), wo row -> one all_reduce;   MLP: w_gate, w_up column, w_down row -> one all_reduce
+
+So the forward pass all-reduces [tokens, d_model] twice per layer (plus once for the embedding) and
+all-gathers the logits once. Each rank runs TinyLM's own modules (its attention and MLP with sliced
+weights and local head counts), so only the communication is new here.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .._checks import check_int, check_positive_int, fail
+from ..tinylm import KVCache, TinyLM, TinyLMConfig, linear_layers
+from .distributed import Pool, check_world, shared_pool
+
+
+def check_tp(cfg: TinyLMConfig, tp: int) -> int:
+    """`tp` if it splits TinyLM evenly: it must divide n_heads, n_kv_heads, d_ff and vocab_size. Real engines
+    (vLLM, TensorRT-LLM) go past n_kv_heads by replicating KV heads: tp / n_kv_heads ranks then hold a copy
+    of the same KV head, and the KV cache is stored that many times."""
+    tp = check_world(tp)
+    for name in ("n_heads", "n_kv_heads", "d_ff", "vocab_size"):
+        if getattr(cfg, name) % tp:
+            fail("tp", tp, f"a divisor of {name}={getattr(cfg, name)} (n_heads={cfg.n_heads}, n_kv_heads="
+                 f"{cfg.n_kv_heads}); past n_kv_heads real engines replicate KV heads instead")
+    return tp
+
+
+def shard(weight: torch.Tensor, style: str, rank: int, tp: int) -> torch.Tensor:
+    """Rank `rank`'s part of a [out, in] weight: rows for "column" and "vocab", columns for "row"."""
+    dim = 1 if style == "row" else 0
+    if weight.shape[dim] % tp:
+        fail("tp", tp, f"a divisor of the {'input' if dim else 'output'} size {weight.shape[dim]}")
+    return weight.chunk(tp, dim=dim)[rank].contiguous()
+
+
+def shard_config(cfg: TinyLMConfig, tp: int) -> TinyLMConfig:
+    """The shape of one rank's attention: n_heads/tp query and n_kv_heads/tp KV heads of the same width
+    (what the rank's KV cache holds)."""
+    h, kv = cfg.n_heads // tp, cfg.n_kv_heads // tp
+    return TinyLMConfig(vocab_size=cfg.vocab_size, d_model=h * cfg.head_dim, n_layers=cfg.n_layers, n_heads=h,
+                        n_kv_heads=kv, d_ff=cfg.d_ff // tp, max_seq_len=cfg.max_seq_len)
+
+
+class ShardedTinyLM(nn.Module):
+    """One rank's part of a TinyLM (TP degree `tp`), built from the full model's weights; forward() must run
+    on every rank of the current group at once. `comm` counts the elements each collective moved."""
+
+    def __init__(self, full: TinyLM, rank: int, tp: int):
+        super().__init__()
+        cfg = full.cfg
+        self.cfg, self.rank, self.tp = cfg, rank, check_tp(cfg, tp)
+        self.local = copy.deepcopy(full)  # norms, rotary tables and modules; weights replaced below
+        for entry in linear_layers(cfg):
+            mod = self.local.get_submodule(entry.path)
+            mod.weight = nn.Parameter(shard(mod.weight.detach(), entry.tp_style, rank, tp), requires_grad=False)
+        for block in self.local.layers:
+            block.attn.n_heads, block.attn.n_kv_heads = cfg.n_heads // tp, cfg.n_kv_heads // tp
+        self.vocab_start = rank * cfg.vocab_size // tp
+        self.comm = {"all_reduce": 0, "all_gather": 0}
+
+    def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.comm["all_reduce"] += x.numel()
+        dist.all_reduce(x)
+        return x
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Full logits [B, T, vocab] (the same on every rank) for tokens [B, T], continuing `cache` (built
+        with shard_config) when given."""
+        m, (B, T) = self.local, tokens.shape
+        start = 0 if cache is None else cache.length
+        cos, sin = m.rope_cos[start:start + T], m.rope_sin[start:start + T]
+        local = tokens - self.vocab_start
+        mine = (local >= 0) & (local < m.tok_emb.weight.shape[0])
+        x = self._all_reduce(m.tok_emb(local.clamp(0, m.tok_emb.weight.shape[0] - 1)) * mine[..., None])
+        for i, block in enumerate(m.layers):
+            x = x + self._all_reduce(block.attn(block.attn_norm(x), cos, sin, cache, i, start))
+            x = x + self._all_reduce(block.mlp(block.mlp_norm(x)))
+        if cache is not None:
+            cache.advance(T)
+        part = m.lm_head(m.norm(x))  # [B, T, V/tp]
+        gathered = torch.empty((self.tp * B, *part.shape[1:]), dtype=part.dtype)  # [tp * B, T, V/tp]
+        self.comm["all_gather"] += gathered.numel()
+        dist.all_gather_single(gathered, part.contiguous())
+        return gathered.view(self.tp, B, T, -1).permute(1, 2, 0, 3).reshape(B, T, -1)  # rank r's slice is vocab r*V/tp ..
+
+
+def rebuild_model(cfg: TinyLMConfig, state: dict) -> TinyLM:
+    """A TinyLM in eval mode from a config and a state dict (what a rank receives)."""
+    model = TinyLM(cfg)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+@torch.no_grad()
+def logits_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, tokens: torch.Tensor) -> dict:
+    """One rank of tensor_parallel_logits: the full logits and the elements each collective moved."""
+    sharded = ShardedTinyLM(rebuild_model(cfg, state), rank, world)
+    return {"logits": sharded(tokens), "comm": dict(sharded.comm)}
+
+
+@torch.no_grad()
+def generate_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, prompt: list[int],
+                    max_new_tokens: int) -> dict:
+    """One rank of tensor_parallel_generate: greedy tokens with a sharded KV cache, and the seconds each
+    decode step took (prefill excluded)."""
+    sharded = ShardedTinyLM(rebuild_model(cfg, state), rank, world)
+    cache = KVCache(shard_config(cfg, world), max_len=len(prompt) + max_new_tokens)
+    logits = sharded(torch.tensor([prompt]), cache)[0, -1]
+    out, seconds = [], []
+    for _ in range(max_new_tokens):
+        out.append(int(logits.argmax()))
+        if len(out) == max_new_tokens:
+            break
+        t0 = time.perf_counter()
+        logits = sharded(torch.tensor([[out[-1]]]), cache)[0, -1]
+        seconds.append(time.perf_counter() - t0)
+    return {"tokens": out, "seconds": seconds, "comm": dict(sharded.comm)}
+
+
+def tp_inputs(model, tp: int, pool: Pool | None) -> tuple[TinyLMConfig, dict]:
+    """Checked (config, weights to send) for a TP run over `pool` (None: the shared pool of world tp);
+    refuses before any process starts."""
+    if not isinstance(model, TinyLM):
+        fail("model", type(model).__name__, "a TinyLM", TypeError)
+    tp = check_tp(model.cfg, tp)
+    if pool is not None and pool.world != tp:
+        fail("pool", pool, f"a Pool of world {tp} (= tp)")
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return model.cfg, state
+
+
+def tensor_parallel_logits(model: TinyLM, tokens: torch.Tensor, tp: int, pool: Pool | None = None) -> torch.Tensor:
+    """Runs TinyLM split over `tp` real gloo processes (Megatron split) and returns the full logits
+    [B, T, vocab]. Refuses a `tp` that does not divide the heads, KV heads, d_ff or vocabulary before any
+    process starts. `pool` defaults to the session's shared pool of that size."""
+    cfg, state = tp_inputs(model, tp, pool)
+    model(tokens)  # TinyLM's own checks of the tokens, here rather than on every rank
+    return (pool or shared_pool(tp)).run(logits_worker, cfg, state, tokens)[0]["logits"]
+
+
+def tensor_parallel_generate(model: TinyLM, prompt: list[int], max_new_tokens: int, tp: int,
+                             pool: Pool | None = None) -> dict:
+    """Greedy generation with TP=`tp`: {"tokens": new ids (every rank agrees), "seconds": per decode step
+    (the slowest rank's), "comm": elements moved per collective kind on rank 0}."""
+    cfg, state = tp_inputs(model, tp, pool)
+    check_positive_int("max_new_tokens", max_new_tokens)
+    prompt = [check_int("each prompt token", t, 0, cfg.vocab_size - 1) for t in prompt]
+    if not prompt or len(prompt) + max_new_tokens > cfg.max_seq_len:
+        fail("max_new_tokens", max_new_tokens, f"<= {cfg.max_seq_len - len(prompt)} with a prompt of {len(prompt)}")
+    runs = (pool or shared_pool(tp)).run(generate_worker, cfg, state, prompt, max_new_tokens)
+    if any(r["tokens"] != runs[0]["tokens"] for r in runs):
+        raise RuntimeError("ranks disagree on the generated tokens")
+    seconds = [max(s) for s in zip(*(r["seconds"] for r in runs))]
+    return {"tokens": runs[0]["tokens"], "seconds": seconds, "comm": runs[0]["comm"]}
+
+
+def all_reduce_bytes_per_token(cfg, bytes_per_element: int = 4) -> int:
+    """Bytes all-reduced per token in one TP forward pass: d_model elements, twice per layer (attention,
+    MLP) plus once for a vocab-parallel embedding. Independent of tp; each rank sends 2(tp-1)/tp of it."""
+    return (2 * cfg.n_layers + 1) * cfg.d_model * check_positive_int("bytes_per_element", bytes_per_element)
+
+
+def predicted_step_seconds(cfg, tp: int, link, single_seconds: float, bytes_per_element: int = 4) -> float:
+    """Seconds per decode step of one sequence with TP=`tp`: the single-process step's compute split tp ways,
+    plus 2 n_layers + 1 all-reduces of d_model elements and one all-gather of the logits, priced by `link`
+    (a labkit.parallel.linkmodel.LinkModel)."""
+    check_positive_int("tp", tp)
+    b = check_positive_int("bytes_per_element", bytes_per_element)
+    comm = (2 * cfg.n_layers + 1) * link.collective("all_reduce", cfg.d_model * b, tp)
+    return single_seconds / tp + comm + link.collective("all_gather", cfg.vocab_size * b, tp)

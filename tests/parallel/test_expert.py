@@ -1,0 +1,69 @@
+"""Expert parallelism on real ranks: the output equals the single-process mixture of experts, the routing
+keeps at most `capacity` assignments per expert (brute force), the send and receive split matrices are
+transposes, the bytes match the formula when routing is uniform, and bad input is refused."""
+import math
+
+import pytest
+import torch
+
+from labkit.parallel import expert as ex
+from tests.refusals import assert_refused
+
+PARAMS = ex.make_experts(16, 24, 4, seed=0)
+X = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+
+
+def brute_route(x, router, k, cf, skew):
+    logits = x @ router.T - skew * torch.arange(router.shape[0], dtype=x.dtype)
+    probs = logits.softmax(-1)
+    cap = math.ceil(cf * x.shape[0] * k / router.shape[0])
+    used, kept, dropped = [0] * router.shape[0], [], 0
+    for n in range(x.shape[0]):
+        top = probs[n].topk(k)
+        for v, e in zip(top.values, top.indices.tolist()):
+            if used[e] < cap:
+                used[e] += 1
+                kept.append((n, e, float(v / top.values.sum())))
+            else:
+                dropped += 1
+    return kept, dropped
+
+
+@pytest.mark.parametrize("cf,skew", [(1.0, 0.0), (1.25, 3.0), (0.5, 0.0)])
+def test_routing_against_brute_force(cf, skew):
+    r = ex.route(X, PARAMS["router"], 2, cf, skew)
+    kept, dropped = brute_route(X, PARAMS["router"], 2, cf, skew)
+    assert r.dropped == dropped
+    assert [(int(n), int(e)) for n, e in zip(r.token, r.expert)] == [(n, e) for n, e, _ in kept]
+    assert torch.allclose(r.gate, torch.tensor([g for _, _, g in kept]), atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cf,skew", [(8.0, 0.0), (1.0, 2.0)])
+def test_expert_parallel_equals_the_reference(cf, skew, pool2):
+    run = ex.expert_parallel_forward(X, PARAMS, 2, cf, 2, skew, pool=pool2)
+    ref = torch.cat([ex.moe_forward(c, PARAMS, 2, cf, skew) for c in X.chunk(2)])
+    assert torch.allclose(run.y, ref, atol=1e-5)
+    recv = [list(col) for col in zip(*run.splits)]  # the receive matrix: the send matrix transposed
+    assert run.load == [sum(r) for r in recv]
+    assert sum(map(sum, run.splits)) == 64 * 2 - run.dropped
+    off_rank = [sum(row) - row[i] for i, row in enumerate(run.splits)]
+    assert run.bytes_sent == [2 * n * 16 * 4 for n in off_rank]
+
+
+def test_uniform_routing_bytes_match_the_formula():
+    router = torch.zeros(4, 16)  # every expert equally likely: ties broken by index, so force uniformity
+    tokens = 64
+    expected = ex.all_to_all_bytes(tokens, 2, 16, 2)
+    assert expected == 2 * 32 * 2 * 0.5 * 16 * 4
+    assert ex.route(X, router, 2, 8.0).dropped == 0
+
+
+def test_bad_input_is_refused():
+    assert_refused(lambda: ex.expert_parallel_forward(X, PARAMS, 2, 1.0, 3), ValueError, "ep", 3,
+                   "a divisor of n_experts=4")
+    assert_refused(lambda: ex.expert_parallel_forward(X, PARAMS, 5, 1.0, 2), ValueError, "k", 5, "in [1, 4]")
+    assert_refused(lambda: ex.expert_parallel_forward(X, PARAMS, 2, 0, 2), ValueError, "capacity_factor", 0,
+                   "positive")
+    assert_refused(lambda: ex.expert_parallel_forward(X, {}, 2, 1.0, 2), TypeError, "params", "dict",
+                   "from make_experts")

@@ -1,0 +1,75 @@
+"""Real pipelines: the course's GPipe and 1F1B over send/recv and torch.distributed.pipelining's give the
+loss and gradients of the single-process model, on 2 and 4 stages; events are one forward and backward
+per micro-batch per stage; the layer split is as even as possible; bad input is refused."""
+import pytest
+import torch
+
+from labkit.parallel import pipeline as pl
+from tests.refusals import assert_refused
+
+
+@pytest.fixture(scope="module")
+def batch(tinylm):
+    tokens = torch.randint(0, 256, (4, 17), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    tinylm.zero_grad()
+    loss = pl.loss_fn(tinylm(x), y)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in tinylm.named_parameters()}
+    tinylm.zero_grad()
+    return x, y, loss.item(), grads
+
+
+def _agree(run, loss, grads):
+    assert run.loss == pytest.approx(loss, abs=1e-5)
+    assert set(run.grads) == set(grads)
+    assert max((run.grads[n] - grads[n]).abs().max().item() for n in grads) < 1e-5
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("stages", [2, 4])
+def test_pipelines_give_the_single_process_gradients(stages, tinylm, batch, pool2, pool4):
+    x, y, loss, grads = batch
+    pool = pool2 if stages == 2 else pool4
+    for schedule in ("gpipe", "1f1b"):
+        run = pl.pipeline_step(tinylm, x, y, stages, 4, schedule, pool=pool)
+        _agree(run, loss, grads)
+        assert [sorted((k, i) for k, i, _, _ in ev) for ev in run.events] == \
+            [sorted([("F", i) for i in range(4)] + [("B", i) for i in range(4)])] * stages
+        assert run.peak_in_flight == ([4] * stages if schedule == "gpipe" else [min(stages - s, 4) for s in range(stages)])
+        assert 0 <= run.bubble < 1
+    _agree(pl.pipeline_step(tinylm, x, y, stages, 4, "1f1b" if stages == 2 else "gpipe", library=True, pool=pool),
+           loss, grads)
+
+
+def test_split_layers():
+    assert pl.split_layers(4, 2) == [(0, 2), (2, 4)]
+    assert pl.split_layers(61, 4) == [(0, 16), (16, 31), (31, 46), (46, 61)]
+    assert_refused(lambda: pl.split_layers(4, 5), ValueError, "stages", 5, "in [1, 4]")
+
+
+def test_bad_input_is_refused(tinylm, batch):
+    x, y, _, _ = batch
+    assert_refused(lambda: pl.pipeline_step(tinylm, x, y, 2, 3), ValueError, "microbatches", 3,
+                   "a divisor of the batch size 4")
+    assert_refused(lambda: pl.pipeline_step(tinylm, x, y, 5, 2), ValueError, "stages", 5, "in [1, 4]")
+    assert_refused(lambda: pl.pipeline_step(tinylm, x, y, 2, 2, "zb"), ValueError, "schedule", "zb", "one of")
+
+
+@pytest.mark.timeout(60)
+def test_pipeline_generation_equals_the_single_process(tinylm, pool2):
+    from labkit.tinylm import generate
+    prompt = list(b"The cat sat on the ")
+    run = pl.pipeline_generate(tinylm, prompt, 10, 2, pool=pool2)
+    assert run["tokens"] == generate(tinylm, prompt, 10)
+    assert len(run["seconds"]) == 9 and all(s > 0 for s in run["seconds"])
+    assert_refused(lambda: pl.pipeline_generate(tinylm, prompt, 300, 2), ValueError, "max_new_tokens", 300,
+                   "<= 237")
+
+
+def test_predicted_decode_seconds():
+    from labkit.parallel.linkmodel import LinkModel
+    from labkit.tinylm import TinyLMConfig
+    link = LinkModel(1e-4, 1e9)
+    assert pl.predicted_decode_seconds(TinyLMConfig(), 1, link, 1e-3) == 1e-3
+    assert pl.predicted_decode_seconds(TinyLMConfig(), 2, link, 1e-3) == pytest.approx(1e-3 + 2e-4 + 512e-9 + 8e-9)

@@ -1,0 +1,77 @@
+"""The planner: "about 6 TB in FP16" and the card counts for the 3T preset, every plan it keeps obeys the
+constraints and fits in memory, rejected plans say why, the ranking is by the objective, and the model
+reproduces hand arithmetic on a small case."""
+import math
+
+import pytest
+
+from labkit.parallel import planner as pl
+from labkit.parallel.linkmodel import LinkModel
+from labkit.specs import device, model
+from tests.refusals import assert_refused
+
+
+def test_six_terabytes_and_the_card_counts():
+    spec = model("moe-3t")
+    assert spec.n_params * 2 / 1e12 == pytest.approx(6.0, abs=0.1)
+    assert pl.min_devices(spec, 80e9) == math.ceil(spec.n_params * 2 / 80e9) == 76
+    assert pl.min_devices(spec, 141e9) == 43
+
+
+@pytest.mark.parametrize("name,cluster", [("moe-3t", pl.Cluster(16)), ("deepseek-v3", pl.Cluster(4)),
+                                          ("kimi-k2", pl.Cluster(4, device="h200")),
+                                          ("llama-3.1-405b", pl.Cluster(2)), ("dense-320b", pl.Cluster(2))])
+def test_kept_plans_obey_the_constraints(name, cluster):
+    spec, wl = model(name), pl.Workload(batch=32, context=4096)
+    plans = pl.plan(name, cluster, wl)
+    kept = [p for p in plans if p.fits]
+    assert kept, name
+    mem = device(cluster.device).memory_bytes
+    for p in kept:
+        assert p.tp <= cluster.per_node and spec.n_heads % p.tp == 0 and spec.n_experts % p.ep == 0
+        assert p.devices == p.tp * p.pp * p.ep * p.dp <= cluster.devices
+        assert sum(p.memory.values()) <= 0.9 * mem
+    assert all(p.reason for p in plans if not p.fits)
+    tput = [p.throughput(wl.batch) for p in kept]
+    assert tput == sorted(tput, reverse=True)
+    lat = [p.latency for p in pl.plan(name, cluster, wl, "latency") if p.fits]
+    assert lat == sorted(lat)
+
+
+def test_reasons():
+    spec, cl, wl = model("llama-3.1-405b"), pl.Cluster(2), pl.Workload()
+    assert pl.estimate(spec, cl, wl, 16, 1, 1).reason == "TP=16 spans nodes (8 devices per node)"
+    assert pl.estimate(spec, cl, wl, 3, 1, 1).reason == "TP=3 does not divide the 128 heads"
+    assert pl.estimate(spec, cl, wl, 1, 1, 1).reason.startswith("needs ")
+    assert pl.estimate(model("deepseek-v3"), cl, wl, 1, 1, 3).reason == "EP=3 does not divide the 256 experts"
+
+
+def test_one_plan_by_hand():
+    spec, cl, wl = model("llama-3-70b"), pl.Cluster(1), pl.Workload(batch=1, context=1024)
+    p = pl.estimate(spec, cl, wl, 8, 1, 1)
+    weights = spec.n_params * 2 / 8
+    kv = 1024 * spec.kv_bytes_per_token(2) / 8
+    assert p.memory["weights"] == pytest.approx(weights) and p.memory["kv_cache"] == pytest.approx(kv)
+    assert p.time["stages (roofline)"] == pytest.approx((weights + kv) / device("h100-sxm").bandwidth)
+    nv = LinkModel.from_spec("nvlink4")
+    assert p.time["tp all-reduce"] == pytest.approx(2 * 80 * nv.collective("all_reduce", 8192 * 2, 8))
+    assert p.bound == "memory" and p.dp == 1
+
+
+def test_nothing_fits_is_refused():
+    with pytest.raises(ValueError, match="cluster must be a cluster on which some layout fits"):
+        pl.best("moe-3t", pl.Cluster(1))
+    assert_refused(lambda: pl.Cluster(0), ValueError, "nodes", 0, "a positive int")
+    assert_refused(lambda: pl.Cluster(1, device="nvlink4"), ValueError, "device", "nvlink4", "not a link")
+    assert_refused(lambda: pl.plan("moe-3t", pl.Cluster(1), objective="cost"), ValueError, "objective", "cost",
+                   "one of")
+
+
+def test_tp_decode_seconds_by_hand():
+    spec = model("llama-3-70b")
+    nv = LinkModel.from_spec("nvlink4")
+    t8 = pl.tp_decode_seconds(spec, "h100-sxm", "nvlink4", 8)
+    assert t8 == pytest.approx(spec.active_params * 2 / 8 / 3.35e12 + 160 * nv.collective("all_reduce", 16384, 8))
+    assert pl.tp_decode_seconds(spec, "h100-sxm", "nvlink4", 1) == pytest.approx(spec.active_params * 2 / 3.35e12)
+    assert pl.tp_decode_seconds(model("tinylm"), "h100-sxm", "nvlink4", 2) > \
+        pl.tp_decode_seconds(model("tinylm"), "h100-sxm", "nvlink4", 1)

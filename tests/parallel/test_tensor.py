@@ -1,0 +1,63 @@
+"""Tensor parallelism on real ranks: TP=2 logits equal the single-process model's within 1e-4 (another
+summation order), greedy generation equals it token for token on the course's prompts, the collectives
+move the bytes the formula says, the shards rebuild the weights, and degrees that do not divide are refused
+naming the counts before any process starts."""
+import pytest
+import torch
+
+from labkit.parallel import tensor as tp
+from labkit.tinylm import TASK_KINDS, ByteTokenizer, TinyLMConfig, generate, linear_layers, make_tasks
+from tests.refusals import assert_refused
+
+
+@pytest.mark.timeout(60)
+def test_tp2_logits_equal_the_single_process_model(tinylm, pool2):
+    tokens = torch.tensor([ByteTokenizer().encode("The cat sat on the mat. 12+7=19")] * 2)
+    with torch.no_grad():
+        ref = tinylm(tokens)
+    got = tp.tensor_parallel_logits(tinylm, tokens, 2, pool=pool2)
+    assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4
+
+
+@pytest.mark.timeout(90)
+def test_tp2_greedy_generation_equals_the_single_process_model(tinylm, pool2):
+    tok = ByteTokenizer()
+    for kind in TASK_KINDS:
+        prompt = tok.encode(make_tasks(kind, 1)[0].prompt)[-64:]
+        run = tp.tensor_parallel_generate(tinylm, prompt, 12, 2, pool=pool2)
+        assert run["tokens"] == generate(tinylm, prompt, 12), kind
+        assert len(run["seconds"]) == 11 and all(s > 0 for s in run["seconds"])
+        cfg, steps = tinylm.cfg, len(prompt) + 11  # prefill + 11 decode steps, one token each
+        assert run["comm"]["all_reduce"] * 4 == tp.all_reduce_bytes_per_token(cfg, 4) * steps
+        assert run["comm"]["all_gather"] == cfg.vocab_size * steps
+
+
+def test_shards_rebuild_every_weight(tinylm):
+    for entry in linear_layers(tinylm.cfg):
+        w = tinylm.get_submodule(entry.path).weight.detach()
+        parts = [tp.shard(w, entry.tp_style, r, 2) for r in range(2)]
+        assert torch.equal(torch.cat(parts, dim=1 if entry.tp_style == "row" else 0), w)
+    local = tp.shard_config(tinylm.cfg, 2)
+    assert (local.n_heads, local.n_kv_heads, local.head_dim) == (2, 1, tinylm.cfg.head_dim)
+
+
+def test_degrees_that_do_not_divide_are_refused(tinylm):
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    assert_refused(lambda: tp.tensor_parallel_logits(tinylm, tokens, 4), ValueError, "tp", 4,
+                   "a divisor of n_kv_heads=2")
+    assert_refused(lambda: tp.tensor_parallel_logits(tinylm, tokens, 3), ValueError, "tp", 3,
+                   "a divisor of n_heads=4")
+    assert_refused(lambda: tp.tensor_parallel_logits(tinylm, tokens, 16), ValueError, "world", 16, "in [1, 8]")
+    assert_refused(lambda: tp.tensor_parallel_logits("model", tokens, 2), TypeError, "model", "str", "a TinyLM")
+    with pytest.raises(ValueError, match="replicate KV heads"):
+        tp.check_tp(TinyLMConfig(), 4)
+    assert_refused(lambda: tp.tensor_parallel_generate(tinylm, [1, 2], 300, 2), ValueError, "max_new_tokens",
+                   300, "<= 254")
+
+
+def test_predicted_step_seconds():
+    from labkit.parallel.linkmodel import LinkModel
+    cfg, link = TinyLMConfig(), LinkModel(1e-4, 1e9)
+    expected = 1e-3 / 2 + 9 * link.collective("all_reduce", 512, 2) + link.collective("all_gather", 1024, 2)
+    assert tp.predicted_step_seconds(cfg, 2, link, 1e-3) == pytest.approx(expected)
+    assert tp.predicted_step_seconds(cfg, 1, link, 1e-3) == pytest.approx(1e-3)
