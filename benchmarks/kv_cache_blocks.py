@@ -2,8 +2,9 @@
 
     python benchmarks/kv_cache_blocks.py [--repeats N]
 
-Cases: 64 sequences appended round-robin to 4096 tokens each, block size 16, with prefix caching (every 16th
-append hashes a full block) and without; and 1,000 forked children of one prompt appending 64 tokens each
+Cases: 64 sequences appended round-robin to 4096 tokens each, block size 16, with prefix caching (each append
+is followed by mark_computed, as PagedKVCache.advance does after the forward; every 16th one hashes a full
+block) and without; and 1,000 forked children of one prompt appending 64 tokens each
 (copy-on-write of the shared last block on each child's first append). Rates count append calls only (the
 allocation of the prompts is outside the timed part); the median of `repeats` runs (timing.measure).
 """
@@ -28,6 +29,8 @@ def round_robin(caching: bool, n_seqs: int = 64, n_tokens: int = 4096):
             t = i % 256
             for s in range(n_seqs):
                 bm.append(s, t)
+                if caching:
+                    bm.mark_computed(s, i + 2)
     return setup, run, n_seqs * (n_tokens - 1)
 
 

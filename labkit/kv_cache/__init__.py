@@ -3,7 +3,11 @@ sharing across requests, quantized keys and values, and what to do when blocks r
 schedules with the BlockManager and runs TinyLM on the PagedKVCache.
 
     size       KV bytes per token for MHA / GQA / MQA / MLA (labkit.specs), growth with context and batch
-    blocks     BlockManager (free list, reference counts, block tables, copy-on-write), blocks_needed
+    blocks     BlockManager (free list, reference counts, block tables, copy-on-write, computed tokens),
+               blocks_needed; for the serving lab's scheduler read its docstring: num_free_blocks excludes
+               evictable cached blocks (admit with can_allocate), a prompt larger than the whole pool is
+               fits_in_pool False / LargerThanPoolError (refuse at admission), full blocks are cached only
+               once mark_computed says their K/V were written (PagedKVCache.advance calls it)
     prefix     the hash chain over full blocks and the pool of cached blocks (LRU)
     paged      PagedKVCache (TinyLM's cache contract on the blocks), gather, paged_attention, paged_generate
     waste      request traces; max-length reservation against paging; the block-size sweep
@@ -15,13 +19,13 @@ schedules with the BlockManager and runs TinyLM on the PagedKVCache.
 """
 
 from . import blocks, exercises, explore, paged, prefix, quantized, sharing, size, swap, waste
-from .blocks import BlockManager, OutOfBlocksError, blocks_needed
+from .blocks import BlockManager, LargerThanPoolError, OutOfBlocksError, blocks_needed
 from .paged import PagedKVCache, gather, paged_attention, paged_generate, slots_of
 from .prefix import block_hash, hash_chain
 from .quantized import KVQuantModel, QuantizedKVCache, fake_quantize
 from .waste import Request, request_trace
 
 __all__ = ["blocks", "exercises", "explore", "paged", "prefix", "quantized", "sharing", "size", "swap", "waste",
-           "BlockManager", "OutOfBlocksError", "blocks_needed", "PagedKVCache", "gather", "paged_attention",
+           "BlockManager", "LargerThanPoolError", "OutOfBlocksError", "blocks_needed", "PagedKVCache", "gather", "paged_attention",
            "paged_generate", "slots_of", "block_hash", "hash_chain", "KVQuantModel", "QuantizedKVCache",
            "fake_quantize", "Request", "request_trace"]

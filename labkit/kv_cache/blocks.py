@@ -17,10 +17,30 @@ Every block is in exactly one state:
 Rules: `can_allocate` before `allocate` and `can_append` before `append` (a refused call raises
 OutOfBlocksError and changes nothing); `fork` shares every block of the parent, and the first append to a
 shared, partly filled last block copies it (copy-on-write: the copy to perform is queued for the cache,
-`take_copies`). With prefix caching, full blocks are registered by their hash chain (prefix.py) when they
-fill, and `allocate` reuses the longest cached prefix of full blocks, verified token by token. A prompt
-cached entirely still recomputes its last token (its logits are needed), so at most the full blocks before
-the last token are served from the cache.
+`take_copies`). With prefix caching, `allocate` reuses the longest cached prefix of full blocks, verified
+token by token. A prompt cached entirely still recomputes its last token (its logits are needed), so at most
+the full blocks before the last token are served from the cache.
+
+Computed tokens. Reserving a slot (allocate, append) is not computing it: the manager owns, per sequence, how
+many leading tokens have their keys and values stored (`num_computed`: the cache hits at allocation, then
+whatever the caller reports with `mark_computed(seq_id, n)` after the forward that wrote them; PagedKVCache
+does it in `advance`). A full block enters the prefix cache's hash map only once all its tokens are computed
+(vLLM caches only computed blocks), so a sequence freed before its forward (a failed or aborted request)
+leaves nothing findable, and a second request with the same prompt arriving before the first one's prefill
+gets a miss, not uncomputed slots.
+
+For a scheduler (the serving lab):
+
+- `num_free_blocks` counts ONLY blocks with no reference and no cached contents. Evictable cached blocks are
+  also available to an allocation (vLLM counts them free): `num_available_blocks` = free + cached. Decide
+  admission with `can_allocate(token_ids)` (it counts free, evictable and prefix hits), never by comparing
+  with num_free_blocks.
+- A prompt that needs more blocks than the whole pool can never be allocated: `fits_in_pool(token_ids)` is
+  False and `allocate` raises LargerThanPoolError (a ValueError), not OutOfBlocksError, so refuse it at
+  admission instead of waiting for blocks. A sequence that already holds every block of the pool cannot
+  append either (can_append stays False): preempting others does not help it; cap its length at admission.
+- Swapping or recomputing a preempted sequence is the caller's (swap.py costs both); after a recompute the
+  caller allocates again and marks the tokens computed as the forwards write them.
 """
 
 from __future__ import annotations
@@ -34,7 +54,13 @@ from .prefix import CachedPool, block_hash
 
 
 class OutOfBlocksError(RuntimeError):
-    """The pool has fewer free (or evictable) blocks than the call needs; the manager is unchanged."""
+    """The pool has fewer free (or evictable) blocks than the call needs now; the manager is unchanged. Freeing
+    or preempting other sequences can make the call succeed later."""
+
+
+class LargerThanPoolError(ValueError):
+    """The prompt needs more blocks than the whole pool holds: no amount of freeing makes it fit (refuse the
+    request at admission; fits_in_pool says so beforehand). The manager is unchanged."""
 
 
 def check_block_size(block_size) -> int:
@@ -46,6 +72,11 @@ def check_block_size(block_size) -> int:
     return int(block_size)
 
 
+def plural(n: int, noun: str) -> str:
+    """'1 token', '2 tokens' (for messages)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def blocks_needed(n_tokens: int, block_size: int) -> int:
     """Blocks that hold `n_tokens` tokens: ceil(n_tokens / block_size). Notebook 05's exercise BLOCKS_NEEDED."""
     check_positive_int("n_tokens", n_tokens, allow_zero=True)
@@ -55,7 +86,8 @@ def blocks_needed(n_tokens: int, block_size: int) -> int:
 
 class BlockManager:
     """Blocks of `block_size` token slots (a power of two) in a pool of `num_blocks`; see the module docstring.
-    vocab_size: token ids must be in [0, vocab_size) (None: any id below 2**32). Sequence ids are ints or
+    vocab_size: token ids must be in [0, vocab_size) (None: any id below 2**32 until a PagedKVCache ties it to
+    its model's vocabulary; `vocab_size_given` says which). Sequence ids are ints or
     strings. Counters: `prompt_tokens` (tokens of every allocated prompt) and `cached_tokens` (those served
     from the prefix cache), updated only by allocations that succeed."""
 
@@ -64,6 +96,7 @@ class BlockManager:
         self.num_blocks = check_positive_int("num_blocks", num_blocks)
         self.block_size = check_block_size(block_size)
         self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        self.vocab_size_given = vocab_size is not None
         self.vocab_size = 2**32 if vocab_size is None else check_positive_int("vocab_size", vocab_size)
         self._ref = [0] * self.num_blocks
         self._free: deque[int] = deque(range(self.num_blocks))
@@ -72,7 +105,8 @@ class BlockManager:
         self._content: dict[int, tuple[int | None, tuple]] = {}    # registered block -> (parent hash, tokens)
         self._tables: dict[Hashable, list[int]] = {}
         self._tokens: dict[Hashable, list[int]] = {}
-        self._hashes: dict[Hashable, list[int]] = {}               # the hash chain of each sequence's full blocks
+        self._hashes: dict[Hashable, list[int]] = {}               # the hash chain of its computed full blocks
+        self._computed: dict[Hashable, int] = {}                   # leading tokens whose K/V are stored
         self._copies: list[tuple[int, int]] = []
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -106,7 +140,8 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks with no reference and no cached contents."""
+        """Blocks with no reference AND no cached contents. NOT what an allocation may take: evictable cached
+        blocks are available too (num_available_blocks; vLLM counts them as free). Admit with can_allocate."""
         return len(self._free)
 
     @property
@@ -153,7 +188,7 @@ class BlockManager:
                     self._free.append(b)
 
     def _seal(self, seq_id, block: int, index: int) -> None:
-        """Block number `index` of seq_id just filled: extend its hash chain and register the block."""
+        """Block number `index` of seq_id is full and computed: extend its hash chain and register the block."""
         tokens = tuple(self._tokens[seq_id][index * self.block_size:(index + 1) * self.block_size])
         chain = self._hashes[seq_id]
         parent = chain[-1] if chain else None
@@ -183,8 +218,13 @@ class BlockManager:
         reclaimed = sum(1 for b in hits if self._ref[b] == 0)  # hits taken out of the evictable pool
         return new <= self.num_available_blocks - reclaimed
 
+    def fits_in_pool(self, token_ids: Sequence[int]) -> bool:
+        """Could `token_ids` ever be allocated, with the whole pool free? False: refuse it at admission."""
+        return blocks_needed(len(self._prompt(token_ids)), self.block_size) <= self.num_blocks
+
     def can_allocate(self, token_ids: Sequence[int]) -> bool:
-        """Would allocate(..., token_ids) find enough blocks now (counting prefix hits)?"""
+        """Would allocate(..., token_ids) find enough blocks now, counting free blocks, evictable cached blocks
+        and prefix hits? The admission test a scheduler should use (see the module docstring)."""
         return self._fits(*self._plan(self._prompt(token_ids)))
 
     def allocate(self, seq_id, token_ids: Sequence[int]) -> int:
@@ -193,9 +233,15 @@ class BlockManager:
         seq_id = self._seq("seq_id", seq_id, exists=False)
         tokens = self._prompt(token_ids)
         hits, new = self._plan(tokens)
+        if blocks_needed(len(tokens), self.block_size) > self.num_blocks:
+            raise LargerThanPoolError(f"a prompt of {plural(len(tokens), 'token')} is larger than the pool: it needs "
+                                      f"{plural(blocks_needed(len(tokens), self.block_size), 'block')} of "
+                                      f"{self.block_size}, the pool has {self.num_blocks} (refuse it: fits_in_pool)")
         if not self._fits(hits, new):
-            raise OutOfBlocksError(f"a prompt of {len(tokens)} tokens needs {new} new blocks of {self.block_size}, "
-                                   f"only {self.num_available_blocks} are free or evictable: check can_allocate")
+            raise OutOfBlocksError(f"a prompt of {plural(len(tokens), 'token')} needs {plural(new, 'new block')} "
+                                   f"of {self.block_size}, only {self.num_available_blocks} "
+                                   f"{'is' if self.num_available_blocks == 1 else 'are'} free or evictable: "
+                                   f"check can_allocate")
         for b in hits:
             if self._ref[b] == 0:
                 self._pool.take(b)
@@ -203,10 +249,8 @@ class BlockManager:
         table = hits + [self._take() for _ in range(new)]
         self._tables[seq_id], self._tokens[seq_id] = table, tokens
         self._hashes[seq_id] = [self._hash[b] for b in hits]
-        if self.enable_prefix_caching:
-            for i in range(len(hits), len(tokens) // self.block_size):
-                self._seal(seq_id, table[i], i)
         cached = len(hits) * self.block_size
+        self._computed[seq_id] = cached  # the rest is computed by the caller's forward: mark_computed
         self.prompt_tokens += len(tokens)
         self.cached_tokens += cached
         return cached
@@ -244,8 +288,28 @@ class BlockManager:
             table[-1] = self._take()
             self._copies.append((src, table[-1]))
         tokens.append(token_id)
-        if self.enable_prefix_caching and (n + 1) % self.block_size == 0:
-            self._seal(seq_id, table[-1], n // self.block_size)
+
+    def num_computed(self, seq_id) -> int:
+        """Leading tokens of `seq_id` whose keys and values are stored (cache hits + what mark_computed reported)."""
+        return self._computed[self._seq("seq_id", seq_id)]
+
+    def mark_computed(self, seq_id, num_tokens: int) -> None:
+        """The forward wrote the keys and values of `seq_id`'s first `num_tokens` tokens (PagedKVCache.advance
+        calls it). Full blocks that are now computed enter the prefix cache. A smaller number than before
+        (a rewind, to recompute the same tokens) keeps the blocks already registered: their tokens are fixed."""
+        tokens = self._tokens.get(seq_id) if type(seq_id) in (int, str) else None  # fast path: once per step
+        if tokens is None:
+            seq_id = self._seq("seq_id", seq_id)
+            tokens = self._tokens[seq_id]
+        if type(num_tokens) is not int or not 0 <= num_tokens <= len(tokens):
+            num_tokens = check_int("num_tokens", num_tokens, 0, len(tokens))
+        self._computed[seq_id] = num_tokens
+        if self.enable_prefix_caching:
+            chain = self._hashes[seq_id]
+            if len(chain) < num_tokens // self.block_size:
+                table = self._tables[seq_id]
+                for i in range(len(chain), num_tokens // self.block_size):
+                    self._seal(seq_id, table[i], i)
 
     def fork(self, parent_id, child_id) -> None:
         """New sequence `child_id` shares every block (and token) of `parent_id` (parallel sampling, beams)."""
@@ -256,12 +320,13 @@ class BlockManager:
             self._ref[b] += 1
         self._tables[child_id], self._tokens[child_id] = table, list(self._tokens[parent_id])
         self._hashes[child_id] = list(self._hashes[parent_id])
+        self._computed[child_id] = self._computed[parent_id]
 
     def free(self, seq_id) -> None:
         """Forget `seq_id`: each of its blocks loses a reference; unreferenced ones become cached or free."""
         seq_id = self._seq("seq_id", seq_id)
         self._release(self._tables.pop(seq_id))
-        del self._tokens[seq_id], self._hashes[seq_id]
+        del self._tokens[seq_id], self._hashes[seq_id], self._computed[seq_id]
         self._copies = [(src, dst) for src, dst in self._copies if self._ref[dst]]  # no copy into a freed block
 
     def shuffle_free(self, seed: int = 0) -> None:
@@ -296,6 +361,18 @@ class BlockManager:
     def hash_map(self) -> dict[int, tuple[int, int | None, tuple]]:
         """hash -> (block, parent hash, stored tokens) for every registered block (a copy, for tests and plots)."""
         return {h: (b, *self._content[b]) for h, b in self._pool.by_hash.items()}
+
+    def free_blocks(self) -> list[int]:
+        """The free list, the next block handed out first (a copy)."""
+        return list(self._free)
+
+    def pending_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write copies queued and not yet taken (a copy; take_copies consumes them)."""
+        return list(self._copies)
+
+    def seq_hashes(self, seq_id) -> list[int]:
+        """The hash chain of `seq_id`'s computed full blocks (a copy)."""
+        return list(self._hashes[self._seq("seq_id", seq_id)])
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write copies (source block, destination block) queued since the last call, in order."""

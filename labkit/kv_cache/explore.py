@@ -40,21 +40,31 @@ def story(num_blocks: int = 8, block_size: int = 4) -> list[tuple[str, str]]:
     later one reuses; a last one evicts them."""
     bm = BlockManager(num_blocks, block_size)
     prefix = [7, 1, 2, 3, 4, 5, 6, 7]  # two full blocks
+
+    def prefill(seq, tokens):  # allocate, then the forward computes every token: full blocks become findable
+        bm.allocate(seq, tokens)
+        bm.mark_computed(seq, len(tokens))
+
+    def decode(seq, tokens):
+        for t in tokens:
+            bm.append(seq, t)
+            bm.mark_computed(seq, bm.num_tokens(seq))
+
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("a arrives: 10 prompt tokens -> 3 blocks", lambda: bm.allocate("a", prefix + [8, 9])),
-        ("b arrives with the same 8-token prefix: 2 blocks shared, only its tail is new",
-         lambda: bm.allocate("b", prefix + [1, 1])),
-        ("b decodes 3 tokens: its last block fills, then a new one", lambda: [bm.append("b", t) for t in (2, 3, 4)]),
+        ("a arrives and is prefilled: 10 prompt tokens -> 3 blocks", lambda: prefill("a", prefix + [8, 9])),
+        ("b arrives with the same 8-token prefix: 2 computed blocks shared, only its tail is new",
+         lambda: prefill("b", prefix + [1, 1])),
+        ("b decodes 3 tokens: its last block fills, then a new one", lambda: decode("b", (2, 3, 4))),
         ("b forks into c (parallel sampling): every block shared", lambda: bm.fork("b", "c")),
         ("c appends: copy-on-write of the shared, partly filled last block",
-         lambda: bm.append("c", 5)),
+         lambda: decode("c", (5,))),
         ("a finishes: its shared blocks stay with b and c, its own partial block is free", lambda: bm.free("a")),
         ("b and c finish: all their full blocks are cached", lambda: [bm.free("b"), bm.free("c")]),
         ("d arrives with the prefix again: cache hits, no prefill for 8 tokens",
-         lambda: bm.allocate("d", prefix + [3])),
+         lambda: prefill("d", prefix + [3])),
         ("e needs 5 blocks: the 4 free ones, then the least recently used cached one is evicted",
-         lambda: bm.allocate("e", list(range(1, 19)))),
-        ("f arrives: nothing is free or cached any more", lambda: bm.allocate("f", [1])),
+         lambda: prefill("e", list(range(1, 19)))),
+        ("f arrives: nothing is free or cached any more", lambda: prefill("f", [1])),
     ]
     out = []
     for text, act in steps:

@@ -15,7 +15,10 @@ scaled_dot_product_attention.
 
 Life of a sequence: `start(seq_id, prompt)` allocates its blocks (returns the tokens the prefix cache holds),
 `select([seq_id, ...])` picks the batch of the next forward, the block manager's `append` reserves each new
-token's slot before the forward that computes it, `free` ends it.
+token's slot before the forward that computes it, `advance` (TinyLM calls it) tells the manager which tokens
+are now computed (only then do full blocks enter the prefix cache), `free` ends it. How many tokens of a
+sequence are computed is the block manager's state (`num_computed`), not the cache's: a sequence freed
+through either one is gone from both. The forward must feed the tokens the manager holds for the sequence.
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ from typing import Hashable, Sequence
 
 import torch
 
-from .._checks import check_int, check_positive_int, check_type, fail
+from .._checks import check_int, check_positive_int, check_type, fail, is_int
 from ..tinylm import TinyLMConfig
-from .blocks import BlockManager
+from .blocks import BlockManager, blocks_needed
 
 
 def slots_of(block_table: Sequence[int], length: int, block_size: int) -> torch.Tensor:
     """int64 slots [length] of positions 0 .. length - 1 through `block_table` (see the module docstring)."""
+    check_positive_int("block_size", block_size)
+    check_positive_int("length", length, allow_zero=True)
     table = torch.as_tensor(list(block_table), dtype=torch.long)
+    if table.numel() and table.min() < 0:
+        fail("block_table", list(block_table), "non-negative block ids")
     if length > table.numel() * block_size:
         fail("length", length, f"<= {table.numel() * block_size} (the table's {table.numel()} blocks of {block_size})")
     return (table[:, None] * block_size + torch.arange(block_size)).reshape(-1)[:length]  # [n_blocks * bs] -> [L]
@@ -42,9 +49,25 @@ def gather(pool: torch.Tensor, block_table: Sequence[int], length: int, block_si
     """The keys (or values) of one sequence in position order, [n_kv_heads, length, head_dim], from one layer's
     pool [n_kv_heads, num_blocks * block_size, head_dim]. Notebook 05's exercise PAGED_GATHER."""
     check_type("pool", pool, torch.Tensor)
+    check_positive_int("block_size", block_size)
     if pool.dim() != 3 or pool.shape[1] % block_size:
         fail("pool", tuple(pool.shape), f"[n_kv_heads, num_blocks * {block_size}, head_dim]")
-    return pool.index_select(1, slots_of(block_table, check_positive_int("length", length), block_size))
+    check_positive_int("length", length)
+    check_table(block_table, pool.shape[1] // block_size, length, block_size)
+    return pool.index_select(1, slots_of(block_table, length, block_size))
+
+
+def check_table(block_table, num_blocks: int, length: int, block_size: int) -> list[int]:
+    """`block_table` as a list of block ids in [0, num_blocks), with enough blocks for `length` positions."""
+    if isinstance(block_table, (str, bytes)) or not isinstance(block_table, Sequence) \
+            or not all(is_int(b) for b in block_table):
+        fail("block_table", block_table, "a list of block ids (ints)", TypeError)
+    if not all(0 <= b < num_blocks for b in block_table):
+        fail("block_table", list(block_table), f"block ids in [0, {num_blocks}) (the pool's blocks)")
+    if len(block_table) < blocks_needed(length, block_size):
+        fail("length", length, f"<= {len(block_table) * block_size} (the table's {len(block_table)} blocks "
+                               f"of {block_size})")
+    return list(block_table)
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: Sequence[int],
@@ -56,12 +79,18 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     positions <= length - T + i); k_pool, v_pool: [n_kv_heads, slots, head_dim]; n_heads a multiple of
     n_kv_heads (grouped-query attention: query head h reads KV head h // (n_heads / n_kv_heads)).
     Returns [n_heads, T, head_dim] in float32."""
+    for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
+        check_type(name, t, torch.Tensor)
+        if t.dim() != 3:
+            fail(name, tuple(t.shape), "a 3-D tensor ([heads, T or slots, head_dim])")
+    check_positive_int("block_size", block_size)
     H, T, D = q.shape
     Hkv = k_pool.shape[0]
-    if H % Hkv or k_pool.shape != v_pool.shape or k_pool.shape[2] != D:
+    if H % Hkv or k_pool.shape != v_pool.shape or k_pool.shape[2] != D or k_pool.shape[1] % block_size:
         raise ValueError(f"q [n_heads, T, head_dim] and pools [n_kv_heads, slots, head_dim] do not match: "
                          f"{tuple(q.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}")
     check_int("length", length, T, len(block_table) * block_size)
+    block_table = check_table(block_table, k_pool.shape[1] // block_size, length, block_size)
     qf = q.float().reshape(Hkv, H // Hkv * T, D) / math.sqrt(D)         # [Hkv, group * T, D]
     query_pos = (length - T + torch.arange(T)).repeat(H // Hkv)          # [group * T]
     running_max = torch.full(qf.shape[:2], -math.inf)
@@ -96,12 +125,20 @@ class PagedKVCache:
         check_type("dtype", dtype, torch.dtype, "a torch.dtype (torch.float32, torch.bfloat16, ...)")
         if not dtype.is_floating_point:
             fail("dtype", dtype, "a floating-point torch.dtype (quantized storage: labkit.kv_cache.quantized)")
+        if not block_manager.vocab_size_given and block_manager.vocab_size != cfg.vocab_size:
+            held = [t for s in block_manager.seq_ids for t in block_manager.tokens(s)]
+            if max(held, default=0) >= cfg.vocab_size:
+                fail("block_manager", f"a manager holding token {max(held)}",
+                     f"a BlockManager whose tokens are in the model's vocabulary [0, {cfg.vocab_size})")
+            block_manager.vocab_size = cfg.vocab_size  # tied: the manager now refuses ids the model cannot embed
+        elif block_manager.vocab_size != cfg.vocab_size:
+            fail("block_manager", f"a BlockManager with vocab_size {block_manager.vocab_size}",
+                 f"a BlockManager with the model's vocab_size {cfg.vocab_size} (or vocab_size=None, tied here)")
         self.cfg, self.block_manager = cfg, block_manager
         self.block_size = block_manager.block_size
         shape = (cfg.n_layers, cfg.n_kv_heads, block_manager.num_blocks * self.block_size, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._computed: dict[Hashable, int] = {}
         self._batch: list[Hashable] = []
         self._write: list[torch.Tensor] = []   # per batch row: slots of the new positions (set at layer 0)
         self._read: list[torch.Tensor] = []    # per batch row: slots of every position
@@ -109,28 +146,25 @@ class PagedKVCache:
     # --- sequences ----------------------------------------------------------------------------------------
 
     def _known(self, name: str, seq_id) -> Hashable:
-        self.block_manager.block_table(seq_id)  # the manager's own message for a sequence it does not hold
-        if seq_id not in self._computed:
-            fail(name, seq_id, "a sequence started with this cache (PagedKVCache.start)")
+        if not (is_int(seq_id) or isinstance(seq_id, str)):
+            fail(name, seq_id, "a sequence id (an int or a str)", TypeError)
+        if seq_id not in self.block_manager.seq_ids:
+            fail(name, seq_id, "a sequence this manager holds")
         return seq_id
 
     def start(self, seq_id, token_ids: Sequence[int]) -> int:
         """Allocate `seq_id`'s blocks for its prompt; returns how many leading tokens are already cached (their
         keys and values are in the shared blocks: the forward starts after them)."""
-        cached = self.block_manager.allocate(seq_id, token_ids)
-        self._computed[seq_id] = cached
-        return cached
+        return self.block_manager.allocate(seq_id, token_ids)
 
     def fork(self, parent_id, child_id) -> None:
         """`child_id` continues `parent_id` (parallel sampling): shares its blocks, copied on the first write."""
         self._known("parent_id", parent_id)
         self.block_manager.fork(parent_id, child_id)
-        self._computed[child_id] = self._computed[parent_id]
 
     def free(self, seq_id) -> None:
         self._known("seq_id", seq_id)
         self.block_manager.free(seq_id)
-        del self._computed[seq_id]
         self._batch = [s for s in self._batch if s != seq_id]
 
     def select(self, seq_ids: Sequence) -> "PagedKVCache":
@@ -146,7 +180,7 @@ class PagedKVCache:
 
     def computed(self, seq_id) -> int:
         """Positions of `seq_id` whose keys and values are stored."""
-        return self._computed[self._known("seq_id", seq_id)]
+        return self.block_manager.num_computed(seq_id)
 
     # --- TinyLM's cache contract --------------------------------------------------------------------------
 
@@ -155,7 +189,7 @@ class PagedKVCache:
         """Positions already cached for the selected sequences (they must agree)."""
         if not self._batch:
             raise ValueError("no sequence selected: call PagedKVCache.select([seq_id, ...]) before the forward")
-        lengths = {self._computed[s] for s in self._batch}
+        lengths = {self.block_manager.num_computed(s) for s in self._batch}
         if len(lengths) > 1:
             raise ValueError(f"the selected sequences have different cached lengths {sorted(lengths)}: TinyLM's "
                              f"forward takes one position offset per batch")
@@ -177,7 +211,7 @@ class PagedKVCache:
             self.v[:, :, b:b + self.block_size] = self.v[:, :, a:a + self.block_size]
         self._write, self._read = [], []
         for s in self._batch:
-            start, reserved = self._computed[s], self.block_manager.num_tokens(s)
+            start, reserved = self.block_manager.num_computed(s), self.block_manager.num_tokens(s)
             if start + T > reserved:
                 raise ValueError(f"sequence {s!r} has {reserved} slots reserved, this forward needs {start + T}: "
                                  f"reserve each new token with block_manager.append first")
@@ -208,8 +242,8 @@ class PagedKVCache:
     def advance(self, n_tokens: int) -> None:
         if not self._write or n_tokens != len(self._write[0]):
             fail("n_tokens", n_tokens, "the number of positions the last forward wrote")
-        for s in self._batch:
-            self._computed[s] += n_tokens
+        for s in self._batch:  # the K/V are written: only now may the manager cache these blocks
+            self.block_manager.mark_computed(s, self.block_manager.num_computed(s) + n_tokens)
         self._write = []
 
     def rewind(self, length: int) -> None:
@@ -217,30 +251,60 @@ class PagedKVCache:
         again by the next forward (re-running a decode for timing, as KVCache.rewind does)."""
         check_int("length", length, 0, self.length)
         for s in self._batch:
-            self._computed[s] = length
+            self.block_manager.mark_computed(s, length)
 
     def nbytes(self) -> int:
         """Bytes of the pool (keys + values), whatever the sequences use."""
         return 2 * self.k.numel() * self.k.element_size()
 
 
+def _check_request(model, prompt, max_new_tokens: int, cache: "PagedKVCache", seq_id) -> list[int]:
+    """paged_generate's checks, all before anything is allocated (as labkit.tinylm.generate checks its own)."""
+    if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "cfg", None), TinyLMConfig):
+        fail("model", type(model).__name__, "a TinyLM (an nn.Module with a TinyLMConfig .cfg)", TypeError)
+    check_type("cache", cache, PagedKVCache, "a labkit.kv_cache.PagedKVCache")
+    if model.cfg != cache.cfg:
+        fail("cache", "a PagedKVCache for another config", "a PagedKVCache built with this model's cfg")
+    check_positive_int("max_new_tokens", max_new_tokens)
+    prompt = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not all(is_int(t) for t in prompt):
+        fail("prompt", prompt, "a list of token ids (encode text with ByteTokenizer first)", TypeError)
+    V, ctx = model.cfg.vocab_size, model.cfg.max_seq_len
+    bad = [t for t in prompt if not 0 <= t < V]
+    if bad:
+        fail("prompt", bad[0], f"token ids in [0, {V}) (the model's vocabulary); this id is not")
+    if not prompt or len(prompt) + max_new_tokens > ctx:
+        fail("prompt", f"{len(prompt)} tokens + max_new_tokens {max_new_tokens}",
+             f"between 1 and {ctx} tokens in all (the model's context)")
+    if not (is_int(seq_id) or isinstance(seq_id, str)):
+        fail("seq_id", seq_id, "a sequence id (an int or a str)", TypeError)
+    if seq_id in cache.block_manager.seq_ids:
+        fail("seq_id", seq_id, "a new sequence id (this one is already allocated)")
+    return [int(t) for t in prompt]
+
+
 @torch.no_grad()
 def paged_generate(model, prompt: Sequence[int], max_new_tokens: int, cache: PagedKVCache, seq_id=0,
                    return_logits: bool = False):
-    """Greedy continuation of `prompt` by `max_new_tokens` through a PagedKVCache (the sequence stays in the cache:
-    free it yourself). Returns the new token ids, and with return_logits their logits [max_new_tokens, vocab]."""
-    check_type("cache", cache, PagedKVCache, "a labkit.kv_cache.PagedKVCache")
-    check_positive_int("max_new_tokens", max_new_tokens)
+    """Greedy continuation of `prompt` by `max_new_tokens` through a PagedKVCache. On success the sequence stays
+    in the cache (free it yourself); on any failure (bad input is refused before allocating; running out of
+    blocks mid-generation raises OutOfBlocksError) it is freed, so nothing uncomputed stays behind. Returns the
+    new token ids, and with return_logits their logits [max_new_tokens, vocab]."""
+    prompt = _check_request(model, prompt, max_new_tokens, cache, seq_id)
     cached = cache.start(seq_id, prompt)
-    cache.select([seq_id])
-    device = model.tok_emb.weight.device
-    logits = model(torch.tensor([list(prompt)[cached:]], device=device), cache)[0, -1]
-    out, rows = [], []
-    for step in range(max_new_tokens):
-        rows.append(logits)
-        out.append(int(logits.argmax()))
-        if step == max_new_tokens - 1:
-            break
-        cache.block_manager.append(seq_id, out[-1])
-        logits = model(torch.tensor([[out[-1]]], device=device), cache)[0, -1]
+    try:
+        cache.select([seq_id])
+        device = model.tok_emb.weight.device
+        logits = model(torch.tensor([prompt[cached:]], device=device), cache)[0, -1]
+        out, rows = [], []
+        for step in range(max_new_tokens):
+            rows.append(logits)
+            out.append(int(logits.argmax()))
+            if step == max_new_tokens - 1:
+                break
+            cache.block_manager.append(seq_id, out[-1])
+            logits = model(torch.tensor([[out[-1]]], device=device), cache)[0, -1]
+    except BaseException:
+        cache.free(seq_id)
+        raise
     return (out, torch.stack(rows)) if return_logits else out

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .._checks import check_choice, check_positive_int, check_type
+from .._checks import check_choice, check_positive_int, check_type, fail
 from ..quant import quant_error, quantize
 from ..tinylm import KVCache, TinyLMConfig
 
@@ -108,6 +108,13 @@ def collect_kv(model: nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, to
 def kivi_table(k: torch.Tensor, v: torch.Tensor, formats=("int4", "int2"), group: int = 32) -> list[dict]:
     """SQNR (dB, higher is better) of keys and values `k`, `v` [..., T, head_dim] quantized per token and per
     channel, one row per format; only whole groups of tokens are compared (the residual is exact)."""
+    check_type("k", k, torch.Tensor)
+    check_type("v", v, torch.Tensor)
+    check_positive_int("group", group, "tokens")
+    if k.dim() < 2 or k.shape != v.shape:
+        fail("v", tuple(v.shape), f"a tensor of k's shape {tuple(k.shape)} [..., T, head_dim]")
+    if k.shape[-2] < group:
+        fail("k", f"{k.shape[-2]} tokens", f"at least one whole group of {group} tokens [..., T, head_dim]")
     T = k.shape[-2] // group * group
     k, v = k[..., :T, :], v[..., :T, :]
     rows = []
@@ -152,7 +159,8 @@ def quality_sweep(model: nn.Module, tasks: list, text, settings: dict | None = N
                   progress: bool = False) -> list[dict]:
     """Per setting: bits per cached element, KV memory against FP16, perplexity on `text` and the tasks kept,
     as a paired retention interval against the exact cache (labkit.quant.retention). One row per setting, the
-    exact cache first."""
+    exact cache first; "retention" holds the labkit.quant Retention (None for the exact row): print the rows
+    with quality_table, compare two settings with retention_words."""
     from tqdm.auto import tqdm
 
     from ..quant import retention
@@ -162,7 +170,7 @@ def quality_sweep(model: nn.Module, tasks: list, text, settings: dict | None = N
     head_dim = model.cfg.head_dim if head_dim is None else head_dim
     base_ok = task_correct(model, tasks)
     rows = [{"setting": "exact (FP32)", "bits": 32.0, "vs FP16": 2.0, "ppl": perplexity(model, text),
-             "tasks": f"{sum(base_ok)}/{len(tasks)}", "retained (95%)": "-"}]
+             "tasks": f"{sum(base_ok)}/{len(tasks)}", "retained (95%)": "-", "retention": None}]
     for name, s in tqdm(settings.items(), desc="KV settings", disable=not progress):
         qmodel = KVQuantModel(model, **s)
         ok = task_correct(qmodel, tasks)
@@ -171,5 +179,28 @@ def quality_sweep(model: nn.Module, tasks: list, text, settings: dict | None = N
         if s.get("value_axis", "token") != s.get("key_axis", "token"):
             bits = (bits + bits_per_element(s["fmt"], s.get("value_axis", "token"), s.get("group", 32), head_dim)) / 2
         rows.append({"setting": name, "bits": bits, "vs FP16": bits / 16, "ppl": perplexity(qmodel, text),
-                     "tasks": f"{sum(ok)}/{len(tasks)}", "retained (95%)": f"{r.retained:.1%} ({r.low:.1%}-{r.high:.1%})"})
+                     "tasks": f"{sum(ok)}/{len(tasks)}",
+                     "retained (95%)": f"{r.retained:.1%} ({r.low:.1%} to {r.high:.1%})", "retention": r})
     return rows
+
+
+def quality_table(rows: list[dict]) -> str:
+    """quality_sweep's rows as a text table (without the Retention objects)."""
+    from ..course import display
+
+    return display.table([{k: v for k, v in r.items() if k != "retention"} for r in rows])
+
+
+def retention_words(rows: list[dict], a: str, b: str) -> str:
+    """Settings `a` and `b` of quality_sweep's rows compared by their paired 95% intervals: which retains more
+    only when the intervals do not overlap, else that the tasks do not separate them."""
+    by_name = {r["setting"]: r.get("retention") for r in rows}
+    for name in (a, b):
+        if by_name.get(name) is None:
+            fail("a" if name == a else "b", name, f"one of the quantized settings {[n for n, r in by_name.items() if r]}")
+    ra, rb = by_name[a], by_name[b]
+    if ra.low > rb.high:
+        return f"{a} retains more than {b} (the 95% intervals do not overlap)"
+    if rb.low > ra.high:
+        return f"{b} retains more than {a} (the 95% intervals do not overlap)"
+    return f"{a} and {b}: the 95% intervals overlap, so these tasks show no difference in retention"

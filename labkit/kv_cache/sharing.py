@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .._checks import check_int, check_positive_int
+from .._checks import check_int, check_positive_int, fail
 from ..tinylm import ByteTokenizer, make_tasks
 from .blocks import BlockManager, blocks_needed, check_block_size
 
@@ -44,13 +44,31 @@ def few_shot_prompts(n_requests: int = 32, shots: int = 4, seed: int = 0) -> lis
     return [tok.encode(prefix + t.prompt) for t in tasks[shots:]]
 
 
+def check_prompts(prompts) -> list[list[int]]:
+    """A non-empty list of non-empty token-id prompts (the manager checks the ids themselves)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        fail("prompts", prompts, "a list of prompts (lists of token ids)", TypeError)
+    if not prompts or not all(isinstance(p, Sequence) and not isinstance(p, (str, bytes)) and len(p) for p in prompts):
+        fail("prompts", prompts, "a non-empty list of non-empty prompts (lists of token ids)")
+    return [list(p) for p in prompts]
+
+
+def prefill(bm: BlockManager, seq_id, prompt: list[int]) -> int:
+    """Allocate `prompt` and mark it computed, as the forward of a real prefill would; returns the cache hits."""
+    hits = bm.allocate(seq_id, prompt)
+    bm.mark_computed(seq_id, len(prompt))
+    return hits
+
+
 def prefix_sharing(prompts: Sequence[Sequence[int]], block_size: int = 16) -> Shared:
-    """Allocate every prompt in one BlockManager with prefix caching (all alive at once) and without."""
+    """Prefill every prompt, one after another, in one BlockManager with prefix caching (all alive at once),
+    against the blocks they need without sharing."""
+    prompts = check_prompts(prompts)
     check_block_size(block_size)
     without = sum(blocks_needed(len(p), block_size) for p in prompts)
     bm = BlockManager(without, block_size)
     for i, p in enumerate(prompts):
-        bm.allocate(i, list(p))
+        prefill(bm, i, p)
     return Shared(bm.num_used_blocks, without, bm.cached_tokens, bm.prompt_tokens)
 
 
@@ -58,6 +76,12 @@ def parallel_sampling(prompt_len: int, output_lens: Sequence[int], block_size: i
     """One prompt of `prompt_len` tokens forked into len(output_lens) samples that generate output_lens[i] tokens
     each (random ids; copy-on-write splits each sample's last prompt block), against independent requests."""
     check_positive_int("prompt_len", prompt_len)
+    if isinstance(output_lens, (str, bytes)) or not isinstance(output_lens, Sequence):
+        fail("output_lens", output_lens, "a list of output lengths, one per sample", TypeError)
+    if not output_lens:
+        fail("output_lens", output_lens, "a non-empty list of output lengths (n >= 1 samples)")
+    for o in output_lens:
+        check_positive_int("output_lens[i]", o, allow_zero=True)
     check_block_size(block_size)
     check_int("seed", seed, 0)
     rng = np.random.default_rng(seed)
@@ -104,10 +128,12 @@ def matching_comparison(prompts: Sequence[Sequence[int]], block_size: int = 16) 
     """Prefill tokens served from the cache when `prompts` arrive one after another (each stays cached), by
     hash-based full-block matching (BlockManager) and by token-granular matching (TokenTrie). Both recompute
     at least the last token of every prompt."""
+    prompts = check_prompts(prompts)
+    check_block_size(block_size)
     bm = BlockManager(sum(blocks_needed(len(p), block_size) for p in prompts), block_size)
     trie, token_hits = TokenTrie(), 0
     for i, p in enumerate(prompts):
-        bm.allocate(i, list(p))
+        prefill(bm, i, p)
         token_hits += min(trie.match(p), len(p) - 1)
         trie.insert(p)
     return {"prompt tokens": bm.prompt_tokens, "block hash": bm.cached_tokens, "token trie": token_hits}

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from .._checks import check_int, check_positive_int
+from .._checks import check_int, check_positive_int, check_type
 from ..tinylm import KVCache, corpus
 from .blocks import BlockManager, blocks_needed
 from .paged import PagedKVCache
@@ -49,3 +49,13 @@ def decode_runs(model, context: int = 256, steps: int = 32, block_size: int = 16
     for fmt in quantized:
         runs[fmt] = _runner(model, QuantizedKVCache(model.cfg, fmt, max_len=context), tokens, prompt_len, steps)
     return runs
+
+
+def timing_verdict(t: dict, conclusion: str, limit: float = 0.5) -> str:
+    """`conclusion` when every timing of `t` ({name: labkit.course.timing.Timing}, from one interleave) has a
+    spread below `limit`, else "unreliable on this run: ..." (notebook 05's timing cells print it)."""
+    check_type("t", t, dict, "a {name: Timing} dict from timing.interleave")
+    worst = max(x.spread for x in t.values())
+    if worst < limit:
+        return conclusion
+    return f"unreliable on this run: the machine was busy (spread {worst:.2f} >= {limit}), no conclusion"

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from .._checks import check_choice, check_int, check_positive_int
+from .._checks import check_choice, check_int, check_positive_int, fail
 from ..tinylm import TASK_KINDS, ByteTokenizer, make_tasks
 from .blocks import check_block_size
 
@@ -42,6 +43,10 @@ class Request:
     """One request of a trace: prompt and output lengths (tokens)."""
     prompt: int
     output: int
+
+    def __post_init__(self):
+        check_positive_int("prompt", self.prompt, "tokens")
+        check_positive_int("output", self.output, "tokens")
 
     @property
     def total(self) -> int:
@@ -83,13 +88,25 @@ def reserved_slots(request: Request, scheme: str, context: int, block_size: int 
     return -(-(request.prompt + t) // block_size) * block_size
 
 
+def check_trace(trace, context: int | None = None) -> list[Request]:
+    """A non-empty list of Requests (each of at most `context` tokens when given)."""
+    if isinstance(trace, (str, bytes)) or not isinstance(trace, Sequence) \
+            or not all(isinstance(r, Request) for r in trace):
+        fail("trace", trace, "a list of Requests (waste.request_trace)", TypeError)
+    if not trace:
+        fail("trace", trace, "a non-empty list of Requests")
+    if context is not None and any(r.total > context for r in trace):
+        fail("trace", f"a request of {max(r.total for r in trace)} tokens",
+             f"a list of Requests of at most context={context} tokens")
+    return list(trace)
+
+
 def utilization(trace: list[Request], scheme: str, context: int, block_size: int = 16) -> float:
     """Share of reserved KV slots that hold real token states, averaged over every decode step of `trace`."""
     check_choice("scheme", scheme, SCHEMES)
     check_positive_int("context", context)
     check_block_size(block_size)
-    if not trace or any(r.total > context for r in trace):
-        raise ValueError(f"trace must be a non-empty list of Requests of at most context={context} tokens")
+    check_trace(trace, context)
     held = sum(r.output * r.prompt + r.output * (r.output + 1) // 2 for r in trace)
     reserved = sum(int(reserved_slots(r, scheme, context, block_size).sum()) for r in trace)
     return held / reserved
@@ -98,6 +115,8 @@ def utilization(trace: list[Request], scheme: str, context: int, block_size: int
 def waste_table(trace: list[Request], context: int, block_size: int = 16, memory_slots: int | None = None) -> list[dict]:
     """Per scheme: utilization (this trace), vLLM's Fig. 2 figure, mean reserved slots per request (time-averaged)
     and how many requests fit at once in `memory_slots` token slots (default: 32 contexts' worth)."""
+    check_positive_int("context", context)
+    check_trace(trace, context)
     memory_slots = 32 * context if memory_slots is None else check_positive_int("memory_slots", memory_slots)
     steps = sum(r.output for r in trace)
     rows = []
@@ -113,6 +132,10 @@ def block_size_sweep(trace: list[Request], sizes=(1, 2, 4, 8, 16, 32, 64, 128, 2
     """Per block size: utilization under paging, mean empty slots in a sequence's last block (internal
     fragmentation) and mean block-table entries per sequence (what the attention kernel must look up), both
     averaged over decode steps."""
+    check_trace(trace)
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
+        fail("sizes", sizes, "a non-empty list of block sizes (powers of two)", TypeError if not
+             isinstance(sizes, Sequence) else ValueError)
     steps = sum(r.output for r in trace)
     context = max(r.total for r in trace)
     rows = []

@@ -12,7 +12,10 @@ def test_pool_picture_shows_holders_refs_cached_and_free():
     bm.allocate("a", [1, 2, 3])
     bm.fork("a", "b")
     bm.allocate("c", [5, 6])
+    bm.mark_computed("c", 2)  # its forward ran: its full block is cached when it ends
+    bm.allocate("d", [5, 6])  # not computed: freed without caching anything
     bm.free("c")
+    bm.free("d")
     lines = explore.pool_picture(bm).splitlines()
     assert lines[1].split() == ["holds", "a,b", "a,b", "~", "."]
     assert lines[2].split() == ["refs", "2", "2", "0", "0"]
@@ -30,8 +33,11 @@ def test_the_story_shares_copies_caches_and_evicts():
 def test_widget_and_static_fallback(capsys):
     widget = explore.block_explorer()
     assert widget is not None and widget.children[0].max == len(explore.story())
-    widget.children[0].value = 3
-    capsys.readouterr()  # outside a kernel the widget's output area prints here
+    capsys.readouterr()
+    widget.children[0].value = 3  # outside a kernel the widget's output area prints here
+    text, picture = explore.story()[2]
+    shown = capsys.readouterr().out
+    assert f"step 3: {text}" in shown and picture in shown and "step 4" not in shown
     assert explore.block_explorer(static=True) is None
     assert capsys.readouterr().out.count("step ") == len(explore.story())
 

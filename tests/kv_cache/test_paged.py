@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from labkit.kv_cache import BlockManager, OutOfBlocksError, PagedKVCache, gather, paged_attention, paged_generate
+from labkit.kv_cache import (BlockManager, OutOfBlocksError, PagedKVCache, gather, paged_attention, paged_generate,
+                             slots_of)
 from labkit.tinylm import KVCache
 from tests.refusals import assert_refused
 
@@ -117,22 +118,71 @@ def test_attention_over_random_block_tables_equals_sdpa_on_contiguous_tensors(se
 
 # --- bad input ----------------------------------------------------------------------------------------------
 
-def test_a_forward_past_the_reserved_slots_is_refused(pretrained):
-    model, _ = pretrained
+def prefilled(model):
+    """A cache whose sequence 0 holds the computed prompt [1, 2, 3]."""
     bm = BlockManager(4, 4, vocab_size=256)
     cache = PagedKVCache(model.cfg, bm)
     cache.start(0, [1, 2, 3])
     model(torch.tensor([[1, 2, 3]]), cache.select([0]))
+    return bm, cache
+
+
+def test_a_forward_past_the_reserved_slots_is_refused(pretrained):
+    model, _ = pretrained
+    bm, cache = prefilled(model)
     with pytest.raises(ValueError, match="reserve each new token with block_manager.append"):
         model(torch.tensor([[4]]), cache)
     assert cache.computed(0) == 3
 
 
-def test_running_out_of_blocks_mid_generation_is_the_managers_error(pretrained):
+def test_running_out_of_blocks_mid_generation_frees_the_sequence(pretrained):
     model, _ = pretrained
-    cache = PagedKVCache(model.cfg, BlockManager(2, 2, vocab_size=256))
+    bm = BlockManager(2, 2, vocab_size=256)
+    cache = PagedKVCache(model.cfg, bm)
     with pytest.raises(OutOfBlocksError):
         paged_generate(model, [1, 2, 3], 5, cache)
+    assert bm.seq_ids == [] and bm.num_available_blocks == 2 and bm.num_used_blocks == 0
+
+
+def test_a_second_request_before_the_first_ones_forward_is_not_served_uncomputed_blocks(pretrained):
+    model, tok = pretrained
+    prompt = tok.encode("The key of room 7 is")[:20]
+    bm = BlockManager(16, 8, vocab_size=256)
+    cache = PagedKVCache(model.cfg, bm)
+    assert cache.start("a", prompt) == 0
+    assert cache.start("b", prompt) == 0  # a's K/V are not written yet: nothing to share
+    logits = model(torch.tensor([prompt]), cache.select(["b"]))[0, -1]
+    want = contiguous_greedy(model, prompt, 1)[1][0]
+    assert torch.allclose(logits, want, atol=LOGIT_TOL, rtol=0)
+    assert cache.start("c", prompt) == 16  # b's forward wrote them: now they are shared
+
+
+def test_a_failed_request_leaves_no_blocks_for_the_next_one_with_its_prefix(pretrained):
+    model, tok = pretrained
+    prompt = tok.encode("Once upon a time, there was")
+    bm = BlockManager(8, 4)  # vocab_size tied to the model's by the cache
+    cache = PagedKVCache(model.cfg, bm)
+    assert bm.vocab_size == model.cfg.vocab_size
+    before = (bm.free_blocks(), bm.hash_map())
+    assert_refused(lambda: paged_generate(model, prompt + [300], 3, cache, seq_id="bad"), ValueError, "prompt",
+                   300, "the model's vocabulary")
+    assert bm.seq_ids == [] and (bm.free_blocks(), bm.hash_map()) == before
+    with pytest.raises(OutOfBlocksError):  # fails after allocating: freed, and its uncomputed blocks not cached
+        paged_generate(model, prompt, 8, cache, seq_id="big")
+    assert bm.seq_ids == [] and bm.num_used_blocks == 0
+    got, logits = paged_generate(model, prompt, 2, cache, seq_id="next", return_logits=True)
+    want, want_logits = contiguous_greedy(model, prompt, 2)
+    assert got == want and torch.allclose(logits, want_logits, atol=LOGIT_TOL, rtol=0)
+
+
+def test_freeing_through_the_manager_leaves_no_state_in_the_cache(pretrained):
+    model, _ = pretrained
+    bm, cache = prefilled(model)
+    assert cache.computed(0) == bm.num_computed(0) == 3
+    bm.free(0)
+    assert_refused(lambda: cache.computed(0), ValueError, "seq_id", 0, "a sequence this manager holds")
+    bm.allocate(0, [4, 5])  # the same id, a new sequence: nothing computed, whatever the cache saw before
+    assert cache.computed(0) == 0 and cache.select([0]).length == 0
 
 
 def test_bad_arguments_are_refused(pretrained):
@@ -141,10 +191,10 @@ def test_bad_arguments_are_refused(pretrained):
     assert_refused(lambda: PagedKVCache(model.cfg, bm, dtype=torch.int8), ValueError, "dtype", torch.int8,
                    "a floating-point torch.dtype")
     assert_refused(lambda: PagedKVCache("cfg", bm), TypeError, "cfg", "cfg", "a TinyLMConfig")
+    assert_refused(lambda: PagedKVCache(model.cfg, BlockManager(4, 4, vocab_size=300)), ValueError,
+                   "block_manager", "a BlockManager with vocab_size 300", "the model's vocab_size 256")
     cache = PagedKVCache(model.cfg, bm)
-    assert_refused(lambda: cache.select([0]), ValueError, "seq_id", 0, "a sequence this manager holds")
-    bm.allocate(5, [1])
-    assert_refused(lambda: cache.select([5]), ValueError, "seq_ids[i]", 5, "a sequence started with this cache")
+    assert_refused(lambda: cache.select([0]), ValueError, "seq_ids[i]", 0, "a sequence this manager holds")
     cache.start(6, [1])
     assert_refused(lambda: cache.select([6, 6]), ValueError, "seq_ids", [6, 6], "distinct sequence ids")
     with pytest.raises(ValueError, match="no sequence selected"):
@@ -155,3 +205,34 @@ def test_bad_arguments_are_refused(pretrained):
         cache.select([6, 7]).length
     assert_refused(lambda: gather(torch.zeros(2, 6, 4), [0], 4, 4), ValueError, "pool", (2, 6, 4),
                    "[n_kv_heads, num_blocks * 4, head_dim]")
+
+
+def test_bad_requests_to_paged_generate_are_refused_before_anything_is_allocated(pretrained):
+    model, _ = pretrained
+    bm = BlockManager(64, 4, vocab_size=256)
+    cache = PagedKVCache(model.cfg, bm)
+    ctx = model.cfg.max_seq_len
+    assert_refused(lambda: paged_generate(model, [1] * (ctx - 2), 3, cache), ValueError, "prompt",
+                   f"{ctx - 2} tokens + max_new_tokens 3", f"between 1 and {ctx} tokens")
+    assert_refused(lambda: paged_generate(model, [], 3, cache), ValueError, "prompt", "0 tokens + max_new_tokens 3",
+                   "between 1")
+    assert_refused(lambda: paged_generate(model, [1, -1], 3, cache), ValueError, "prompt", -1, "[0, 256)")
+    assert_refused(lambda: paged_generate(model, "hi", 3, cache), TypeError, "prompt", "hi", "a list of token ids")
+    assert_refused(lambda: paged_generate(model, [1], 0, cache), ValueError, "max_new_tokens", 0, "positive")
+    assert_refused(lambda: paged_generate("m", [1], 1, cache), TypeError, "model", "str", "a TinyLM")
+    paged_generate(model, [1], 1, cache, seq_id="x")
+    assert_refused(lambda: paged_generate(model, [1], 1, cache, seq_id="x"), ValueError, "seq_id", "x",
+                   "a new sequence id")
+    assert bm.seq_ids == ["x"]
+
+
+def test_block_tables_and_lengths_out_of_range_are_refused():
+    pool = torch.zeros(2, 16, 4)  # 4 blocks of 4
+    assert_refused(lambda: slots_of([0, 1], -1, 4), ValueError, "length", -1, "non-negative")
+    assert_refused(lambda: slots_of([0, -1], 4, 4), ValueError, "block_table", [0, -1], "non-negative")
+    assert_refused(lambda: gather(pool, [0, 4], 5, 4), ValueError, "block_table", [0, 4], "[0, 4)")
+    assert_refused(lambda: gather(pool, [0], 5, 4), ValueError, "length", 5, "<= 4")
+    assert_refused(lambda: gather(pool, [0, 1.0], 5, 4), TypeError, "block_table", [0, 1.0], "ints")
+    q = torch.zeros(2, 1, 4)
+    assert_refused(lambda: paged_attention(q, pool, pool, [7], 1, 4), ValueError, "block_table", [7], "[0, 4)")
+    assert_refused(lambda: paged_attention(q[0], pool, pool, [0], 1, 4), ValueError, "q", (1, 4), "a 3-D tensor")

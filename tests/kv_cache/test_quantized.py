@@ -75,3 +75,30 @@ def test_bad_input_is_refused(pretrained):
     assert_refused(lambda: q.fake_quantize(torch.zeros(2, 2), "int3"), ValueError, "fmt", "int3", "one of")
     assert_refused(lambda: q.KVQuantModel(model, "int4", key_axis="row"), ValueError, "key_axis", "row", "one of")
     assert_refused(lambda: q.bits_per_element("int4", "token", head_dim=0), ValueError, "head_dim", 0, "positive")
+    k = torch.zeros(1, 2, 16, 8)
+    assert_refused(lambda: q.kivi_table(k, k, group=32), ValueError, "k", "16 tokens", "at least one whole group")
+    assert_refused(lambda: q.kivi_table(k, k[..., :4], group=8), ValueError, "v", (1, 2, 16, 4), "k's shape")
+    assert_refused(lambda: q.kivi_table(k, k, group=0), ValueError, "group", 0, "a positive int")
+
+
+def test_the_quality_sweep_rows_agree_with_their_retentions(pretrained):
+    from labkit.quant.quality import quality_tasks
+    from labkit.tinylm import corpus, task_correct
+    model, _ = pretrained
+    tasks = quality_tasks(4)
+    settings = {name: q.KV_SETTINGS[name] for name in ("int8 per token", "int2 per token")}
+    rows = q.quality_sweep(model, tasks, corpus.corpus("test", n_bytes=512, seed=0), settings)
+    assert [r["setting"] for r in rows] == ["exact (FP32)", *settings] and rows[0]["retention"] is None
+    base = sum(task_correct(model, tasks))
+    for r in rows[1:]:
+        ret = r["retention"]
+        kept = sum(task_correct(q.KVQuantModel(model, **settings[r["setting"]]), tasks))
+        assert r["tasks"] == f"{kept}/{len(tasks)}" and ret.retained == pytest.approx(kept / base)
+        assert r["retained (95%)"] == f"{ret.retained:.1%} ({ret.low:.1%} to {ret.high:.1%})"
+        assert ret.low <= ret.retained <= ret.high
+    assert "retention" not in q.quality_table(rows) and "to" in q.quality_table(rows)
+    words = q.retention_words(rows, "int8 per token", "int2 per token")
+    lo8, hi2 = rows[1]["retention"].low, rows[2]["retention"].high
+    assert ("retains more" in words) == (lo8 > hi2 or rows[2]["retention"].low > rows[1]["retention"].high)
+    assert_refused(lambda: q.retention_words(rows, "exact (FP32)", "int2 per token"), ValueError, "a",
+                   "exact (FP32)", "one of the quantized settings")

@@ -3,6 +3,7 @@ counted by hand, the memory saved by forking, and a shared prefix shorter than a
 from hypothesis import given, settings, strategies as st
 
 from labkit.kv_cache import sharing
+from tests.refusals import assert_refused
 
 
 def common_prefix(a, b):
@@ -41,3 +42,11 @@ def test_parallel_sampling_shares_the_full_prompt_blocks():
     s = sharing.parallel_sampling(40, [10, 20, 30], block_size=16)
     assert s.blocks_without == 4 + 4 + 5 and s.blocks_with == 2 + (1 + 1) + (1 + 1) + (1 + 2)
     assert 0 < s.saved < 1
+
+
+def test_bad_input_is_refused():
+    assert_refused(lambda: sharing.prefix_sharing([]), ValueError, "prompts", [], "a non-empty list of non-empty")
+    assert_refused(lambda: sharing.prefix_sharing([[1], []]), ValueError, "prompts", [[1], []], "non-empty prompts")
+    assert_refused(lambda: sharing.matching_comparison("ab"), TypeError, "prompts", "ab", "a list of prompts")
+    assert_refused(lambda: sharing.parallel_sampling(8, []), ValueError, "output_lens", [], "n >= 1 samples")
+    assert_refused(lambda: sharing.parallel_sampling(8, [3, -1]), ValueError, "output_lens[i]", -1, "non-negative")

@@ -26,3 +26,12 @@ def test_bad_input_is_refused(pretrained):
     model, _ = pretrained
     assert_refused(lambda: speed.decode_runs(model, context=300), ValueError, "context", 300, "[2, 256]")
     assert_refused(lambda: speed.decode_runs(model, context=16, steps=16), ValueError, "steps", 16, "[1, 15]")
+
+
+def test_the_timing_verdict_is_unreliable_when_any_spread_is_large():
+    from labkit.course.timing import Timing
+    steady, busy = Timing((1.0, 1.1, 1.05)), Timing((1.0, 2.0, 1.2))  # spreads 0.1 and 0.83
+    assert speed.timing_verdict({"a": steady, "b": steady}, "fine") == "fine"
+    assert speed.timing_verdict({"a": steady, "b": busy}, "fine").startswith("unreliable on this run")
+    assert speed.timing_verdict({"a": busy}, "fine", limit=1.0) == "fine"
+    assert_refused(lambda: speed.timing_verdict([steady], "x"), TypeError, "t", [steady], "a {name: Timing} dict")

@@ -59,5 +59,13 @@ def test_bad_input_is_refused():
     assert_refused(lambda: waste.request_trace("alpaca"), ValueError, "kind", "alpaca", "one of")
     assert_refused(lambda: waste.utilization([waste.Request(1, 1)], "paged", 8, 3), ValueError, "block_size", 3,
                    "a positive power of two")
-    with pytest.raises(ValueError, match="at most context=8"):
-        waste.utilization([waste.Request(5, 5)], "max", 8)
+    assert_refused(lambda: waste.utilization([waste.Request(5, 5)], "max", 8), ValueError, "trace",
+                   "a request of 10 tokens", "at most context=8")
+    assert_refused(lambda: waste.waste_table([], 256), ValueError, "trace", [], "a non-empty list of Requests")
+    assert_refused(lambda: waste.block_size_sweep([]), ValueError, "trace", [], "a non-empty list of Requests")
+    assert_refused(lambda: waste.block_size_sweep([(1, 2)]), TypeError, "trace", [(1, 2)], "a list of Requests")
+    assert_refused(lambda: waste.block_size_sweep([waste.Request(1, 1)], ()), ValueError, "sizes", (),
+                   "a non-empty list of block sizes")
+    assert_refused(lambda: waste.Request(-5, 3), ValueError, "prompt", -5, "a positive int")
+    assert_refused(lambda: waste.Request(5, 0), ValueError, "output", 0, "a positive int")
+    assert_refused(lambda: waste.Request(5, 2.5), TypeError, "output", 2.5, "a positive int")
