@@ -8,7 +8,7 @@ from .config import (LAYER_TYPES, TP_STYLES, LinearLayer, TinyLMConfig, iter_lin
                      param_counts, random_config)
 from . import corpus
 from .corpus import TASK_KINDS, Task, make_tasks
-from .eval import perplexity, task_accuracy, task_correct
+from .eval import accuracy_gap, perplexity, task_accuracy, task_correct
 from .generate import generate, sample
 from .model import TinyLM
 from .tokenizer import ByteTokenizer
@@ -16,5 +16,5 @@ from .traces import Event, record_decode_trace
 
 __all__ = ["Cache", "KVCache", "CHECKPOINT", "CheckpointError", "load_pretrained", "save_checkpoint", "LAYER_TYPES",
            "TP_STYLES", "LinearLayer", "TinyLMConfig", "iter_linears", "layer_type", "linear_layers", "param_counts",
-           "random_config", "TASK_KINDS", "Task", "corpus", "make_tasks", "perplexity", "task_accuracy",
+           "random_config", "TASK_KINDS", "Task", "corpus", "make_tasks", "accuracy_gap", "perplexity", "task_accuracy",
            "task_correct", "generate", "sample", "TinyLM", "ByteTokenizer", "Event", "record_decode_trace"]

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .._checks import check_int, check_positive_int, check_type
+from .._checks import check_int, check_positive_int, check_type, fail
 from .config import TinyLMConfig
 
 
@@ -57,6 +57,9 @@ class KVCache:
         check_positive_int("batch_size", batch_size)
         check_int("max_len", max_len, 1, cfg.max_seq_len)
         check_type("dtype", dtype, torch.dtype, "a torch.dtype (torch.float32, torch.bfloat16, ...)")
+        if not dtype.is_floating_point:  # int8 would truncate every key and value: notebook 05 quantizes them properly
+            fail("dtype", dtype, "a floating-point torch.dtype (torch.float32, torch.bfloat16, ...)")
+        check_type("device", device, (str, torch.device), "a torch.device or a str such as 'cpu'")
         shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.cfg = cfg
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -73,6 +76,10 @@ class KVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """See Cache.update. Writes into the preallocated tensors, returns views of positions [0, length + T)."""
+        for name, t in (("k", k), ("v", v)):
+            check_type(name, t, torch.Tensor, "a float tensor [batch, n_kv_heads, T, head_dim]")
+            if not t.is_floating_point():
+                fail(name, f"a {t.dtype} tensor", "a float tensor [batch, n_kv_heads, T, head_dim]", TypeError)
         expected = (self.batch_size, self.k.shape[2], k.shape[2] if k.dim() == 4 else -1, self.k.shape[4])
         if k.shape != v.shape or tuple(k.shape) != expected:
             raise ValueError(f"k and v must be [batch {self.batch_size}, n_kv_heads {self.k.shape[2]}, T, head_dim "

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from safetensors.torch import load, save_file
 
+from .._checks import check_type
 from ..paths import TINYLM_CHECKPOINT as CHECKPOINT
-from .config import TinyLMConfig
+from .config import TinyLMConfig, check_tinylm
 from .model import TinyLM
 from .tokenizer import ByteTokenizer
 FORMAT = "labkit-tinylm-1"
@@ -26,7 +28,9 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(model: TinyLM, path=CHECKPOINT, extra: dict | None = None) -> None:
     """Write `path`.safetensors and `path`.json; the JSON records the config and the weights' SHA-256."""
-    path = Path(path)
+    check_tinylm(model)
+    path = Path(check_type("path", path, (str, os.PathLike), "a path (str or pathlib.Path)"))
+    check_type("extra", extra, (dict, type(None)), "a dict or None")
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
              if not (model.cfg.tie_embeddings and k == "lm_head.weight")}
     save_file(state, str(path.with_suffix(".safetensors")), metadata={"format": FORMAT})
@@ -41,7 +45,7 @@ def load_pretrained(path=CHECKPOINT):
     Raises FileNotFoundError naming the path and the command that rebuilds it when the files are missing,
     and CheckpointError when they are truncated, corrupted or inconsistent.
     """
-    path = Path(path)
+    path = Path(check_type("path", path, (str, os.PathLike), "a path (str or pathlib.Path)"))
     weights, meta_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
     for f in (meta_path, weights):
         if not f.is_file():

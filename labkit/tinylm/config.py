@@ -24,7 +24,8 @@ from typing import Iterator
 
 import torch.nn as nn
 
-from .._checks import check_bool, check_positive, check_positive_int
+from .._checks import check_bool, check_positive, check_positive_int, check_type
+from ..rng import Rng
 
 @dataclass(frozen=True)
 class TinyLMConfig:
@@ -86,6 +87,7 @@ def param_counts(cfg: TinyLMConfig) -> dict[str, int]:
 
     The mixed-precision lab (03) quantizes each type differently, so it needs this split.
     """
+    check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig")
     d, hd = cfg.d_model, cfg.head_dim
     attention = d * cfg.n_heads * hd + 2 * d * cfg.n_kv_heads * hd + cfg.n_heads * hd * d
     mlp = 3 * d * cfg.d_ff
@@ -101,6 +103,7 @@ def param_counts(cfg: TinyLMConfig) -> dict[str, int]:
 
 def random_config(rng) -> TinyLMConfig:
     """A small random valid config (for exercise checks and tests); `rng` is a labkit.rng.Rng."""
+    check_type("rng", rng, Rng, "a labkit.rng.Rng")
     n_kv = 1 + rng.below(4)
     n_heads = n_kv * (1 + rng.below(4))
     head_dim = 2 * (1 + rng.below(16))
@@ -158,6 +161,7 @@ def iter_linears(model: nn.Module, types: tuple[str, ...] = LAYER_TYPES,
     With skip_tied, a tied lm_head (it shares tok_emb's weight) is left out: it is not a matrix of its own.
     The module may be an nn.Linear, an nn.Embedding or a quantized replacement (labkit.quant)."""
     cfg = check_tinylm(model).cfg
+    check_bool("skip_tied", skip_tied)
     if isinstance(types, str):
         raise TypeError(f"types must be a tuple of layer types such as ('mlp',), got {types!r}")
     bad = [t for t in types if t not in LAYER_TYPES]

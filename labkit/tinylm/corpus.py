@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._checks import check_choice, check_positive_int
+from .._checks import check_choice, check_int, check_positive_int
 from ..rng import Rng
 
 SPLITS = ("train", "val", "test")
@@ -85,6 +85,8 @@ class Task:
 
 def arithmetic_split(a: int, b: int) -> str:
     """Which split owns the operand pair (a, b): a fixed hash, 18/20 train, 1/20 val, 1/20 test."""
+    check_int("a", a, 0, 99)
+    check_int("b", b, 0, 99)
     bucket = (a * 7919 + b * 104729) % 20
     return "train" if bucket < 18 else ("val" if bucket == 18 else "test")
 

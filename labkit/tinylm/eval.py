@@ -10,20 +10,28 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_positive_int
+from .._checks import check_fraction, check_positive_int, fail
 from .corpus import Task
 from .tokenizer import ByteTokenizer
 
 
-def _as_tokens(tokens) -> torch.Tensor:
+def _as_tokens(tokens, vocab_size: int) -> torch.Tensor:
+    """`tokens` (1-D token ids: a list, a tensor, bytes) as an int64 tensor, every id in [0, vocab_size)."""
     if isinstance(tokens, str):
         raise TypeError("tokens must be token ids or bytes, not str: encode text with ByteTokenizer first")
     if isinstance(tokens, (bytes, bytearray)):
         tokens = list(tokens)
-    t = torch.as_tensor(tokens)
-    if t.dim() != 1 or t.numel() < 2 or t.dtype not in (torch.int64, torch.int32, torch.uint8):
-        raise ValueError(f"tokens must be a 1-D sequence of at least 2 token ids, got shape "
-                         f"{tuple(t.shape)} dtype {t.dtype}")
+    try:
+        t = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError):
+        fail("tokens", tokens, "a 1-D sequence of at least 2 token ids", TypeError)
+    if t.dim() != 1 or t.numel() < 2:
+        fail("tokens", f"shape {tuple(t.shape)}", "a 1-D sequence of at least 2 token ids")
+    if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        fail("tokens", f"a sequence of {t.dtype}", "a 1-D sequence of at least 2 token ids (ints)", TypeError)
+    low, high = int(t.min()), int(t.max())
+    if low < 0 or high >= vocab_size:
+        fail("tokens", f"ids in [{low}, {high}]", f"token ids in [0, {vocab_size}) (the model's vocabulary)")
     return t.long()
 
 
@@ -49,9 +57,9 @@ def perplexity(model, tokens, batch_size: int = 16) -> float:
     every token after the first is predicted exactly once, from the tokens before it in its window
     (so each window restarts with no earlier context).
     """
-    t = _as_tokens(tokens)
-    check_positive_int("batch_size", batch_size)
     _check_model(model)
+    t = _as_tokens(tokens, model.cfg.vocab_size)
+    check_positive_int("batch_size", batch_size)
     ctx = model.cfg.max_seq_len
     windows = [t[i:i + ctx + 1] for i in range(0, t.numel() - 1, ctx)]
     total_nll, count = 0.0, 0
@@ -88,6 +96,9 @@ def task_correct(model, tasks: list[Task], batch_size: int = 64) -> list[bool]:
     if not tasks:
         raise ValueError("tasks must be a non-empty list of labkit.tinylm.corpus.Task, got []")
     check_positive_int("batch_size", batch_size)
+    typed = [t for t in tasks if not isinstance(t.prompt, str) or not isinstance(t.answer, str)]
+    if typed:
+        fail("tasks", typed[0], "Tasks whose prompt and answer are str", TypeError)
     empty = [t for t in tasks if not t.prompt]
     if empty:
         raise ValueError(f"every task needs a non-empty prompt, got {empty[0]!r}")
@@ -120,3 +131,14 @@ def task_accuracy(model, tasks: list[Task], batch_size: int = 64) -> dict[str, f
     for t, ok in zip(tasks, task_correct(model, tasks, batch_size)):
         hits[t.kind].append(ok)
     return {kind: sum(v) / len(v) for kind, v in hits.items()}
+
+
+def accuracy_gap(a: float, n_a: int, b: float, n_b: int) -> dict[str, float | bool]:
+    """How far apart two exact-match accuracies are, against the noise of measuring each on a finite sample
+    of tasks (notebook 00 compares train-split and test-split sums with it): accuracy `a` (0..1) measured on
+    `n_a` tasks, `b` on `n_b`. Returns difference a - b, stderr = sqrt(a(1-a)/n_a + b(1-b)/n_b) (the
+    binomial standard error of that difference) and within_noise: |a - b| <= 2 standard errors."""
+    a, b = check_fraction("a", a, allow_zero=True), check_fraction("b", b, allow_zero=True)
+    n_a, n_b = check_positive_int("n_a", n_a, unit="tasks"), check_positive_int("n_b", n_b, unit="tasks")
+    stderr = math.sqrt(a * (1 - a) / n_a + b * (1 - b) / n_b)
+    return {"difference": a - b, "stderr": stderr, "within_noise": abs(a - b) <= 2 * stderr}

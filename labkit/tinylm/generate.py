@@ -5,20 +5,35 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_int, check_number, check_positive_int, is_int
+from .._checks import check_bool, check_int, check_number, check_positive_int, check_type, fail, is_int
 from .cache import KVCache
 from .config import check_tinylm
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
-    """One token id from logits [vocab]: argmax when temperature is 0, else a seeded draw."""
-    logits = logits.double() / temperature if temperature > 0 else logits
-    if temperature == 0 or not torch.isfinite(logits).all():  # a tiny temperature overflows: its limit is greedy
-        return int(logits.argmax())
+    """One token id from logits [vocab]: argmax when temperature is 0, else a draw from
+    softmax(logits / temperature) (restricted to the top_k largest logits when top_k is given) with `gen`.
+
+    -inf marks a token that may not be drawn (probability 0); NaN or +inf logits are refused. The logits are
+    shifted by their maximum before dividing by the temperature, so a tiny temperature cannot overflow: its
+    limit is greedy (a draw among the tied maxima)."""
+    check_type("logits", logits, torch.Tensor, "a 1-D float tensor [vocab]")
+    if logits.dim() != 1 or not logits.is_floating_point() or not logits.numel():
+        fail("logits", f"a {logits.dtype} tensor of shape {tuple(logits.shape)}", "a non-empty 1-D float tensor [vocab]")
+    check_number("temperature", temperature, low=0.0)
     if top_k is not None:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return int(torch.multinomial(torch.softmax(logits, -1).float(), 1, generator=gen))
+        check_int("top_k", top_k, 1, logits.numel())
+    check_type("gen", gen, torch.Generator, "a torch.Generator")
+    z = logits.detach().double()
+    if torch.isnan(z).any() or (z == float("inf")).any() or (z == float("-inf")).all():
+        fail("logits", z.tolist()[:8], "finite numbers or -inf (a token that may not be drawn), not all -inf")
+    if temperature == 0:
+        return int(z.argmax())
+    if top_k is not None:
+        kth = torch.topk(z, top_k).values[-1]
+        z = z.masked_fill(z < kth, float("-inf"))
+    z = (z - z.max()) / temperature  # <= 0 everywhere: exp never overflows; -inf stays -inf (probability 0)
+    return int(torch.multinomial(torch.softmax(z, -1).float(), 1, generator=gen))
 
 
 def check_prompt(prompt, vocab_size: int) -> list[int]:
@@ -53,6 +68,7 @@ def generate(model, prompt, max_new_tokens: int, temperature: float = 0.0, top_k
     if stop_token is not None:
         check_int("stop_token", stop_token, 0, V - 1)
     check_int("seed", seed)
+    check_bool("use_cache", use_cache)
     device = model.tok_emb.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)
     cache = KVCache(model.cfg, dtype=model.tok_emb.weight.dtype, device=device) if use_cache else None

@@ -25,6 +25,9 @@ class ByteTokenizer:
         return list(text)
 
     def decode_bytes(self, ids) -> bytes:
+        if isinstance(ids, str) or not hasattr(ids, "__iter__") and not hasattr(ids, "tolist"):
+            raise TypeError(f"ids must be a sequence of byte values (ints in [0, 256)), got {type(ids).__name__} "
+                            f"{ids!r}"[:160])
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         wrong_type = [i for i in ids if not is_int(i)]
         if wrong_type:

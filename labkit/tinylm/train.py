@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .._checks import check_int, check_number
+from .._checks import check_int, check_number, check_type
 from . import corpus as data
 from .checkpoint import CHECKPOINT, load_pretrained, save_checkpoint
 from .eval import perplexity, task_accuracy
@@ -47,6 +47,7 @@ def train(cfg: TinyLMConfig = TinyLMConfig(), steps: int = RECIPE["steps"], batc
           train_bytes: int = RECIPE["train_bytes"], seed: int = RECIPE["seed"]) -> TinyLM:
     """Train a fresh TinyLM on random windows of the train split; shows a tqdm progress bar.
     steps=0 returns the initialised, untrained model."""
+    check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig")
     for name, value, low in (("steps", steps, 0), ("batch_size", batch_size, 1), ("warmup", warmup, 1),
                              ("train_bytes", train_bytes, cfg.max_seq_len + 2), ("seed", seed, 0)):
         check_int(name, value, low)

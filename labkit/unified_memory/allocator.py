@@ -88,6 +88,8 @@ def fragmenting_workload(allocator, sizes: list[int], free_every: int = 2) -> li
     blocks. Used by notebook 02 to make holes."""
     check_type("allocator", allocator, ContiguousAllocator)
     free_every = check_positive_int("free_every", free_every)
+    if not isinstance(sizes, (list, tuple)):
+        fail("sizes", sizes, "a list of allocation sizes in bytes", TypeError)
     blocks = [allocator.alloc(s) for s in sizes]
     for b in blocks[::free_every]:
         allocator.free(b)

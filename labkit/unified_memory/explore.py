@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_choice, check_positive, check_positive_int, fail
+from .._checks import check_bool, check_choice, check_positive, check_positive_int, check_type, fail
 from ..course import table  # noqa: F401  (fixed-point tables; notebook 02 calls ux.table)
 from .engine import UnifiedMemory
 from .state import DEVICE
@@ -44,7 +44,7 @@ def synthetic_trace(kind: str, n_pages: int, length: int, seed: int = 0, stride:
     check_positive_int("n_pages", n_pages, unit="pages")
     check_positive_int("length", length, unit="accesses")
     check_positive_int("stride", stride, unit="pages")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_positive_int("seed", seed, allow_zero=True))
     if kind == "sequential":
         return np.arange(length) % n_pages
     if kind == "strided":
@@ -122,6 +122,8 @@ def replay_steps(steps, n_pages: int, device_pages: int, page_size: int = 4096,
     Returns the pool and one row per token: accesses, faults, fault batches, GB_moved, simulated time_s,
     and how it splits into link transfers (transfer_s), fault latency (latency_s, once per batch of faults)
     and device reads (device_s); link_busy = transfer_s / time_s."""
+    if isinstance(steps, (str, bytes, np.ndarray)) or not hasattr(steps, "__iter__"):
+        fail("steps", steps, "a list of per-token page arrays", TypeError)
     um, allocation = fresh_pool(n_pages, device_pages, page_size, **settings)
     rows = []
     for token, step in enumerate(steps):
@@ -142,11 +144,19 @@ def oversubscription(pages, n_pages: int, fractions, page_size: int, tokens: int
     in order (replay_steps; earlier steps warm the pool up); one row with the last step's faults,
     fault_rate, GB moved and simulated time. `pages`: one step's page array, replayed `tokens` times, or a
     list of per-token arrays (a trace whose KV cache grows), replayed once each (`tokens` is then ignored)."""
+    check_positive_int("n_pages", n_pages, unit="pages")
     steps = list(pages) if isinstance(pages, (list, tuple)) else [np.asarray(pages)] * check_positive_int(
         "tokens", tokens)
+    if not steps or any(np.asarray(step).size == 0 for step in steps):
+        fail("pages", pages, "one step's non-empty page array, or a non-empty list of them")
+    if isinstance(fractions, (str, bytes)) or not hasattr(fractions, "__iter__"):
+        fail("fractions", fractions, "a list of device sizes as fractions of n_pages", TypeError)
+    fractions = list(fractions)
+    if not fractions:
+        fail("fractions", fractions, "a non-empty list of device sizes as fractions of n_pages")
     rows = []
-    for fraction in fractions:
-        device_pages = max(1, int(round(check_positive("fractions", fraction) * n_pages)))
+    for i, fraction in enumerate(fractions):
+        device_pages = max(1, int(round(check_positive(f"fractions[{i}]", fraction) * n_pages)))
         last = replay_steps(steps, n_pages, device_pages, page_size, **settings)[1][-1]
         rows.append({"fraction": fraction, "faults": last["faults"], "fault_rate": last["faults"] / last["accesses"],
                      "GB_moved": last["GB_moved"], "time_s": last["time_s"]})
@@ -156,7 +166,7 @@ def oversubscription(pages, n_pages: int, fractions, page_size: int, tokens: int
 def link_share(um: UnifiedMemory) -> dict:
     """Where simulated time went: hits (device reads), fault latency (once per batch), link transfers
     (seconds, shares)."""
-    s = um.stats
+    s = check_type("um", um, UnifiedMemory, "a UnifiedMemory").stats
     transfer = s.bytes_moved / um.config.link_bandwidth
     latency = s.fault_batches * um.config.fault_latency
     return {"time_s": s.time_s, "transfer_s": transfer, "latency_s": latency,
@@ -167,6 +177,9 @@ def explorer(n_pages: int = 2048, length: int = 20_000, static: bool = False):
     """Sliders for device capacity (% of n_pages), eviction, prefetch and trace kind; prints the counters of
     one replay. static=True (or no ipywidgets) prints the table for a fixed grid instead. Returns the
     widget, or the table's rows."""
+    check_positive_int("n_pages", n_pages, unit="pages")
+    check_positive_int("length", length, unit="accesses")
+    check_bool("static", static)
     def run(capacity_pct=50, eviction="lru", prefetch="None", kind="sequential"):
         trace = synthetic_trace(kind, n_pages, length)
         dev = max(1, n_pages * capacity_pct // 100)

@@ -12,6 +12,9 @@ Compiled without numba's reference counting (_nrt=False): the compiled functions
 only use arrays their caller owns, so counting is not needed, and with it every call of a helper such as
 touch() would pay atomic reference-count updates on its array arguments (the loop ran 5-10x slower).
 
+Compiled with nogil=True: a compiled loop that never ended would otherwise hold the GIL, and no watchdog
+thread (pytest-timeout's thread method) could stop it; the loops are bounded by construction besides.
+
 The compiled code is cached on disk (numba's cache=True): the one-time compile, a few seconds, is paid once
 per machine and source version. numba checks only the caller's own file before reusing a cached function,
 not the files of the functions it calls (the loop in loop.py inlines policies.py and prefetch.py), so the
@@ -61,7 +64,7 @@ CACHE_DIR = _cache_dir() if ENABLED else None
 
 
 def jit(fn=None, *, inline: bool = False):
-    """numba.njit(cache=True, _nrt=False)(fn) when ENABLED (cached in CACHE_DIR), else fn itself with
+    """numba.njit(cache=True, _nrt=False, nogil=True)(fn) when ENABLED (cached in CACHE_DIR), else fn itself with
     fn.py_func = fn. jit(inline=True) for the small helpers the loop calls per access: numba pastes them
     into the caller."""
     if fn is None:
@@ -72,6 +75,6 @@ def jit(fn=None, *, inline: bool = False):
     before = numba.config.CACHE_DIR
     numba.config.CACHE_DIR = CACHE_DIR  # read once, when the dispatcher picks its cache folder
     try:
-        return numba.njit(cache=True, _nrt=False, inline="always" if inline else "never")(fn)
+        return numba.njit(cache=True, _nrt=False, nogil=True, inline="always" if inline else "never")(fn)
     finally:
         numba.config.CACHE_DIR = before

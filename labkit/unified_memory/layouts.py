@@ -52,8 +52,17 @@ def layout(spec, bytes_per_weight: float = 2, kv_tokens: int | None = None,
     return out
 
 
+def _check_layout(lay) -> dict:
+    """`lay` itself if it is a non-empty layout (from layout()), else the error."""
+    if not isinstance(lay, dict) or not lay:
+        fail("lay", lay, "a non-empty layout {tensor: (offset, bytes per row, rows)} from layout()",
+             TypeError if not isinstance(lay, dict) else ValueError)
+    return lay
+
+
 def total_bytes(lay: dict) -> int:
     """Bytes spanned by a layout (its last tensor's end, 4 KiB aligned)."""
+    _check_layout(lay)
     return max(-(-(off + row * rows) // 4096) * 4096 for off, row, rows in lay.values())
 
 
@@ -86,8 +95,14 @@ def trace_pages(events: list[Event], lay: dict, page_size: int = 4096, first_pag
     """Virtual page numbers touched by `events`, in order (a page touched by consecutive rows once)."""
     check_positive_int("page_size", page_size, unit="bytes")
     check_int("first_page", first_page, 0)
+    _check_layout(lay)
     starts, ends = [], []
-    for name, r0, r1 in events:
+    for index, event in enumerate(events):
+        if not isinstance(event, (tuple, list)) or len(event) != 3:
+            fail(f"events[{index}]", event, "an event (tensor name, first row, end row)", TypeError)
+        name, r0, r1 = event
+        check_int(f"events[{index}] first row", r0, 0)
+        check_int(f"events[{index}] end row", r1, 1)
         if name not in lay:
             fail("event tensor", name, "a tensor of the layout")
         off, row, rows = lay[name]
@@ -104,6 +119,8 @@ def trace_pages(events: list[Event], lay: dict, page_size: int = 4096, first_pag
 def step_pages(steps: list[list[Event]], spec, lay: dict, tiny_layout: dict, page_size: int = 4096) -> list[np.ndarray]:
     """Virtual page numbers of each recorded TinyLM decode step (record_decode_trace) scaled to `spec` and laid
     out in `lay`: one array per token (notebook 02 replays them)."""
+    if not isinstance(steps, (list, tuple)):
+        fail("steps", steps, "a list of per-token event lists (record_decode_trace)", TypeError)
     return [trace_pages(scale_trace(events, spec, tiny_layout), lay, page_size) for events in steps]
 
 
@@ -111,6 +128,7 @@ def module_bytes(lay: dict, n_layers: int) -> dict[str, int]:
     """Bytes of each module of a layout, in forward order: "embed", "layer0" ... (every tensor named
     layers.<i>.*), "output" (final norm + LM head). The units accelerate's device map places (notebook 02)."""
     check_positive_int("n_layers", n_layers, unit="layers")
+    _check_layout(lay)
     for name in ("tok_emb", "norm", "lm_head"):
         if name not in lay:
             fail("lay", sorted(lay)[:4], f"a layout (from layout()) with a {name!r} tensor")

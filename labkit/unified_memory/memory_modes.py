@@ -27,7 +27,10 @@ from enum import IntEnum
 
 import numpy as np
 
-from .._checks import check_fraction, check_number, check_positive, check_positive_int, check_type, fail, is_int
+from .._checks import (check_fraction, check_int, check_number, check_positive, check_positive_int, check_type, fail,
+                       is_int)
+
+MAX_REQUESTS = 10**7  # make_requests refuses rates that would draw more (memory, and hours of simulation)
 
 
 class MemoryMode(IntEnum):
@@ -77,17 +80,40 @@ def make_requests(steps: int, rates: list[float], kv_bytes: list[int], mean_dura
     `rates[i]` requests per step for tenant i, each holding kv_bytes[i] for an exponential duration."""
     check_positive_int("steps", steps)
     check_positive("mean_duration", mean_duration, unit="steps")
+    check_positive_int("seed", seed, allow_zero=True)
+    for name, value in (("rates", rates), ("kv_bytes", kv_bytes)):
+        check_type(name, value, (list, tuple), "a list (one entry per tenant)")
     if not rates or len(rates) != len(kv_bytes):
         fail("rates and kv_bytes", (rates, kv_bytes), "two non-empty lists of the same length (one per tenant)")
     for i, (rate, size) in enumerate(zip(rates, kv_bytes)):
         check_positive(f"rates[{i}]", rate, unit="requests per step", allow_zero=True)
         check_positive_int(f"kv_bytes[{i}]", size, unit="bytes")
+    if steps * sum(rates) > MAX_REQUESTS:
+        fail("rates", rates, f"rates whose requests over {steps} steps number at most {MAX_REQUESTS:,} on average")
     rng = np.random.default_rng(seed)
     out = []
     for t in range(steps):
         for i, rate in enumerate(rates):
             for _ in range(int(rng.poisson(rate))):
                 out.append((t, i, int(kv_bytes[i]), 1 + int(rng.exponential(mean_duration))))
+    return out
+
+
+def check_requests(requests, n_tenants: int) -> list[tuple[int, int, int, int]]:
+    """`requests` as a list of (arrival step >= 0, tenant in [0, n_tenants), kv bytes >= 1, duration >= 1 steps),
+    or the error naming the first bad one: a request of zero duration would never end, negative bytes would
+    give memory back that was never taken."""
+    if isinstance(requests, (str, bytes)) or not hasattr(requests, "__iter__"):
+        fail("requests", requests, "a list of (arrival step, tenant, kv bytes, duration) tuples", TypeError)
+    out = []
+    for index, r in enumerate(requests):
+        if not isinstance(r, (tuple, list)) or len(r) != 4:
+            fail(f"requests[{index}]", r, "a tuple (arrival step, tenant, kv bytes, duration in steps)",
+                 TypeError if not isinstance(r, (tuple, list)) else ValueError)
+        out.append((check_int(f"requests[{index}] arrival step", r[0], 0),
+                    check_int(f"requests[{index}] tenant", r[1], 0, n_tenants - 1),
+                    check_positive_int(f"requests[{index}] kv bytes", r[2], unit="bytes"),
+                    check_positive_int(f"requests[{index}] duration", r[3], unit="steps")))
     return out
 
 
@@ -108,6 +134,8 @@ def simulate_tenants(config: PoolConfig, weight_bytes: list[int], shares: list[f
     threshold * max_gpu_mem; HYBRID keeps the total within it too, and the tenants' bytes above their
     floors within the shared headroom threshold * max_gpu_mem - sum(floors)."""
     check_type("config", config, PoolConfig, "a PoolConfig (from configure_memory)")
+    for name, value in (("weight_bytes", weight_bytes), ("shares", shares)):
+        check_type(name, value, (list, tuple), "a list (one entry per tenant)")
     for i, w in enumerate(weight_bytes):
         check_number(f"weight_bytes[{i}]", w, low=0, unit="bytes")
     for i, share in enumerate(shares):
@@ -117,6 +145,7 @@ def simulate_tenants(config: PoolConfig, weight_bytes: list[int], shares: list[f
     check_positive_int("steps", steps)
     check_positive_int("page_size", page_size, unit="bytes")
     check_positive("link_bandwidth", link_bandwidth, unit="bytes/s")
+    requests = check_requests(requests, len(shares))
     cap, n = config.max_gpu_mem, len(shares)
     part = [s * cap for s in shares]
     floor = [config.floor_fraction * p for p in part]

@@ -78,11 +78,15 @@ def touch(frame, tick, eviction, frames, state):
 
 @jit(inline=True)
 def pick_victim(eviction, frames, state):
-    """The frame to empty (every frame is full). Skips the frames the current fault has loaded."""
+    """The frame to empty (every frame is full). Skips the frames the current fault has loaded.
+
+    Bounded by construction: the clock hand goes round at most twice (the first round clears every
+    reference bit), the list walk visits each frame once. A fault that loaded every frame leaves no victim
+    (the prefetchers stop at device_pages - 1 pages so that this never happens): RuntimeError, not a hang."""
     this_fault = state[FAULT_ID]
+    n_frames = len(frames)
     if eviction == CLOCK:
-        n_frames = len(frames)
-        while True:
+        for _ in range(2 * n_frames):
             frame = state[HAND]
             state[HAND] = (frame + 1) % n_frames
             if frames[frame, LOADED_BY] == this_fault:
@@ -91,9 +95,12 @@ def pick_victim(eviction, frames, state):
                 frames[frame, REFERENCED] = 0             # second chance
                 continue
             return frame
+        raise RuntimeError("no eviction victim: the fault being served loaded every device frame")
     frame = state[OLDEST]                                 # LRU, FIFO: the oldest end of the list
-    while frames[frame, LOADED_BY] == this_fault:
+    while frame >= 0 and frames[frame, LOADED_BY] == this_fault:
         frame = frames[frame, NEWER]
+    if frame < 0:
+        raise RuntimeError("no eviction victim: the fault being served loaded every device frame")
     return frame
 
 
@@ -101,8 +108,10 @@ def pick_victim(eviction, frames, state):
 def take_free_frame(frames, state):
     """The lowest free frame, now taken (the caller puts a page in it)."""
     frame = state[FREE_HINT]
-    while frames[frame, PAGE] >= 0:
+    while frame < len(frames) and frames[frame, PAGE] >= 0:  # bounded: N_FREE > 0 says one is free
         frame += 1
+    if frame == len(frames):
+        raise RuntimeError("no free device frame although the free count says there is one")
     state[FREE_HINT] = frame + 1
     state[N_FREE] -= 1
     return frame

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_int, check_number, check_positive_int
+from .._checks import check_int, check_number, check_positive_int, fail
 from .jit import jit
 from .state import DENSITY, DEVICE, HOST, SEQUENTIAL, TIER, new_pages
 
@@ -80,6 +80,9 @@ def density_node(resident, i: int, threshold: float = 0.5, leaf: int = 16) -> tu
     resident = np.asarray(resident)
     if resident.ndim != 1 or len(resident) == 0:
         raise ValueError(f"resident must be a non-empty 1-D array of bools, got shape {resident.shape}")
+    if resident.dtype != bool and not (np.issubdtype(resident.dtype, np.integer) and np.isin(resident, (0, 1)).all()):
+        fail("resident", resident.tolist()[:8], "one bool (or 0/1) per page of the block",
+             ValueError if np.issubdtype(resident.dtype, np.integer) else TypeError)
     n = len(resident)
     check_int("i", i, 0, n - 1)
     threshold = check_number("threshold", threshold, 0.0, 1.0, high_open=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import fail
 from .jit import jit
 
 N_BINS = 2**16
@@ -54,6 +55,11 @@ def record_busy(timeline, start, end):
 
 def busy_until(timeline: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Link-busy seconds from time 0 to each of `times` (interpolated inside a bin)."""
+    if not isinstance(timeline, np.ndarray) or timeline.shape != (N_BINS + 1,):
+        fail("timeline", type(timeline).__name__, f"a timeline from new_timeline() (float64 [{N_BINS + 1}])", TypeError)
+    times = np.asarray(times, dtype=float)
+    if not np.isfinite(times).all():
+        fail("times", times.tolist()[:4], "finite simulated times in seconds")
     width, busy = timeline[0], timeline[1:]
     edges = np.arange(len(busy) + 1) * width
     return np.interp(times, edges, np.concatenate([[0.0], np.cumsum(busy)]))

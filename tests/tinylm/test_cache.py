@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from labkit import tinylm as lm
 
+from ..refusals import assert_refused
+
 from .models import small_model
 
 
@@ -128,3 +130,16 @@ def test_rewind_forgets_positions_and_refuses_to_go_forward():
 def test_a_dtype_that_is_not_a_torch_dtype_is_refused():
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
         lm.KVCache(lm.TinyLMConfig(n_layers=1), dtype="float16")
+
+
+def test_a_cache_that_would_truncate_or_misplace_keys_is_refused():
+    cfg = lm.TinyLMConfig(n_layers=1)
+    for dtype in (torch.int8, torch.bool):  # an int8 cache turned every key into garbage (the argmax changed)
+        assert_refused(lambda: lm.KVCache(cfg, dtype=dtype), ValueError, "dtype", dtype, "a floating-point")
+    assert_refused(lambda: lm.KVCache(cfg, device=3.5), TypeError, "device", 3.5, "a torch.device or a str")
+    cache = lm.KVCache(cfg)
+    k = torch.zeros(1, cfg.n_kv_heads, 1, cfg.head_dim)
+    assert_refused(lambda: cache.update(0, [1], k), TypeError, "k", [1], "a float tensor")
+    with pytest.raises(TypeError, match="v must be a float tensor"):
+        cache.update(0, k, k.long())
+    assert cache.length == 0 and cache.update(0, k, k)[0].shape == (1, cfg.n_kv_heads, 1, cfg.head_dim)

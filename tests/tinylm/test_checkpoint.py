@@ -8,6 +8,8 @@ import torch
 from labkit import tinylm as lm
 from labkit.tinylm.checkpoint import CHECKPOINT, CheckpointError, load_pretrained, save_checkpoint
 
+from ..refusals import assert_refused
+
 
 def small_model(tie_embeddings: bool) -> lm.TinyLM:
     torch.manual_seed(0)
@@ -82,3 +84,12 @@ def test_config_that_does_not_match_weights_is_refused(checkpoint_copy):
     meta_path.write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable"):
         load_pretrained(checkpoint_copy)
+
+
+def test_a_path_or_model_of_the_wrong_type_is_refused(tmp_path):
+    assert_refused(lambda: load_pretrained(3), TypeError, "path", 3, "a path (str or pathlib.Path)")
+    with pytest.raises(TypeError, match="model must be a TinyLM"):
+        save_checkpoint(None, tmp_path / "m")
+    assert_refused(lambda: save_checkpoint(small_model(True), tmp_path / "m", extra=[1]), TypeError, "extra", [1],
+                   "a dict or None")
+    assert not (tmp_path / "m.json").exists()

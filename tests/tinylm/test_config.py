@@ -6,6 +6,8 @@ from labkit import specs
 from labkit import tinylm as lm
 from labkit.rng import Rng
 
+from ..refusals import assert_refused
+
 
 def test_param_counts_match_the_module():
     for seed in range(30):
@@ -105,3 +107,12 @@ def test_from_dict_and_iter_linears_refuse_the_wrong_types():
         lm.TinyLMConfig.from_dict([1])
     with pytest.raises(TypeError, match="types must be a tuple of layer types"):
         list(lm.iter_linears(lm.TinyLM(lm.TinyLMConfig(n_layers=1)), types="mlp"))
+
+
+def test_configs_counts_and_tables_refuse_the_wrong_types():
+    assert_refused(lambda: lm.TinyLMConfig(norm_eps=True), TypeError, "norm_eps", True, "a positive finite number")
+    assert_refused(lambda: lm.TinyLMConfig(norm_eps=0.0), ValueError, "norm_eps", 0.0, "a positive finite number")
+    assert_refused(lambda: lm.param_counts({"d_model": 3}), TypeError, "cfg", {"d_model": 3}, "a TinyLMConfig")
+    assert_refused(lambda: lm.random_config(3), TypeError, "rng", 3, "a labkit.rng.Rng")
+    m = lm.TinyLM(lm.TinyLMConfig(n_layers=1))
+    assert_refused(lambda: list(lm.iter_linears(m, skip_tied="yes")), TypeError, "skip_tied", "yes", "True or False")

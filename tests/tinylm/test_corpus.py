@@ -6,6 +6,8 @@ from labkit.rng import Rng
 from labkit.tinylm import ByteTokenizer
 from labkit.tinylm import corpus as data
 
+from ..refusals import assert_refused
+
 
 def test_corpus_is_deterministic_and_seeded():
     a = data.corpus("train", 200_000, seed=0)
@@ -101,3 +103,8 @@ def test_bad_input_gets_clear_errors():
         data.kind_of(b"copy a -> a")
     with pytest.raises(TypeError, match="seed must be an int"):
         Rng(1.5)
+
+
+def test_arithmetic_split_takes_two_digit_operands_only():
+    assert_refused(lambda: data.arithmetic_split("a", 2), TypeError, "a", "a", "an int in [0, 99]")
+    assert_refused(lambda: data.arithmetic_split(3, 100), ValueError, "b", 100, "an int in [0, 99]")

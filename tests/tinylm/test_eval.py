@@ -1,10 +1,13 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from labkit.tinylm import corpus as data
-from labkit.tinylm import perplexity, task_accuracy, task_correct
+from labkit.tinylm import accuracy_gap, perplexity, task_accuracy, task_correct
+
+from ..refusals import assert_refused
 
 
 class Uniform(torch.nn.Module):
@@ -56,12 +59,22 @@ def test_perplexity_of_one_window_matches_log_softmax(pretrained):
     assert perplexity(model, tokens) == pytest.approx(math.exp(nll), rel=1e-9)
 
 
-def test_eval_is_deterministic(pretrained):
+def test_perplexity_over_many_windows_matches_a_window_by_window_sum(pretrained):
+    """perplexity batches windows of different lengths together; the reference scores each window alone with
+    log_softmax and sums the log-likelihoods by hand. Task accuracy does not depend on the batch size."""
     model, _ = pretrained
-    val = data.corpus("val", 4096)
+    ctx = model.cfg.max_seq_len
+    val = torch.tensor(list(data.corpus("val", 5 * ctx + 37)))
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(val) - 1, ctx):
+            window = val[start:start + ctx + 1]
+            logp = torch.log_softmax(model(window[None, :-1])[0].double(), -1)
+            nll -= logp[torch.arange(len(window) - 1), window[1:]].sum().item()
+            count += len(window) - 1
+    assert count == len(val) - 1
+    assert perplexity(model, val, batch_size=2) == pytest.approx(math.exp(nll / count), rel=1e-6)
     tasks = data.make_tasks("copy", 20) + data.make_tasks("recall", 20)
-    assert perplexity(model, val) == perplexity(model, val)
-    assert task_accuracy(model, tasks) == task_accuracy(model, tasks)
     assert task_accuracy(model, tasks, batch_size=7) == task_accuracy(model, tasks, batch_size=64)
 
 
@@ -109,7 +122,32 @@ def test_bad_input_gets_clear_errors(pretrained):
         task_accuracy(model, [data.Task("copy", "x" * 300, "y")])
 
 
+def test_tokens_outside_the_vocabulary_or_not_ids_are_refused(pretrained):
+    model, _ = pretrained
+    assert_refused(lambda: perplexity(model, [1, 300]), ValueError, "tokens", "ids in [1, 300]",
+                   "token ids in [0, 256)")
+    assert_refused(lambda: perplexity(model, [-1, 3]), ValueError, "tokens", "ids in [-1, 3]", "token ids in [0, 256)")
+    assert_refused(lambda: perplexity(model, [1.0, 2.0]), TypeError, "tokens", "a sequence of torch.float32",
+                   "(ints)")
+    assert_refused(lambda: perplexity(model, []), ValueError, "tokens", "shape (0,)", "at least 2 token ids")
+    bad = data.Task("copy", "ab", 5)
+    assert_refused(lambda: task_correct(model, [bad]), TypeError, "tasks", bad, "prompt and answer are str")
+
+
 def test_a_model_that_is_not_a_tinylm_is_refused():
     for call in (lambda: perplexity(None, [1, 2, 3]), lambda: task_correct("model", [])):
         with pytest.raises(TypeError, match="model must be a TinyLM"):
             call()
+
+
+def test_accuracy_gap_matches_the_spread_of_simulated_accuracies():
+    """The standard error is the spread of a - b over many simulated evaluations (numpy binomial draws)."""
+    rng = np.random.default_rng(0)
+    for a, n_a, b, n_b in ((0.3, 200, 0.29, 200), (0.9, 50, 0.5, 400)):
+        draws = rng.binomial(n_a, a, 20_000) / n_a - rng.binomial(n_b, b, 20_000) / n_b
+        gap = accuracy_gap(a, n_a, b, n_b)
+        assert gap["difference"] == pytest.approx(a - b) and gap["stderr"] == pytest.approx(draws.std(), rel=0.03)
+    assert accuracy_gap(0.30, 200, 0.29, 200)["within_noise"] and not accuracy_gap(0.9, 50, 0.5, 400)["within_noise"]
+    assert accuracy_gap(1.0, 10, 1.0, 10) == {"difference": 0.0, "stderr": 0.0, "within_noise": True}
+    assert_refused(lambda: accuracy_gap(1.2, 10, 0.5, 10), ValueError, "a", 1.2, "a finite number in [0, 1]")
+    assert_refused(lambda: accuracy_gap(0.5, 0, 0.5, 10), ValueError, "n_a", 0, "a positive int")

@@ -1,3 +1,6 @@
+"""Generation: cached equals uncached, seeded sampling, top-k, stop tokens; sample() against the softmax by a
+chi-square test; bad arguments refused."""
+import math
 
 import pytest
 import torch
@@ -5,7 +8,55 @@ import torch
 from labkit.tinylm import corpus as data
 from labkit import tinylm as lm
 
+from ..refusals import assert_refused
 from .models import small_model
+
+# Upper 0.1% points of the chi-square distribution (Pearson & Hartley, Biometrika Tables, table 8), by degrees
+# of freedom: a correct sampler exceeds them once in a thousand seeds, and the seeds here are fixed.
+CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
+
+
+def softmax_by_hand(logits, temperature, top_k=None):
+    """Probabilities from plain Python floats: exp((l - max) / T) over the top_k largest finite logits."""
+    finite = sorted((l for l in logits if l != -math.inf), reverse=True)
+    kth = finite[min(top_k, len(finite)) - 1] if top_k else -math.inf
+    weights = [math.exp((l - finite[0]) / temperature) if l != -math.inf and l >= kth else 0.0 for l in logits]
+    return [w / sum(weights) for w in weights]
+
+
+@pytest.mark.parametrize("logits, temperature, top_k", [
+    ([0.0, 0.1, -math.inf], 1.0, None),                       # the audit's case: ~475 / 525 per 1000
+    ([1.0, -math.inf, 0.5, 2.0, -1.0, 0.0], 0.7, 4),          # a masked token, top-k and a temperature
+    ([3.0, 3.0, -math.inf, -math.inf], 1e-300, None),         # the greedy limit splits a tie evenly
+])
+def test_sampled_frequencies_follow_the_softmax(logits, temperature, top_k):
+    n = 20_000
+    gen = torch.Generator().manual_seed(1234)
+    x = torch.tensor(logits)
+    counts = [0] * len(logits)
+    for _ in range(n):
+        counts[lm.sample(x, temperature, top_k, gen)] += 1
+    p = softmax_by_hand(logits, temperature, top_k)
+    assert all(c == 0 for c, q in zip(counts, p) if q == 0), counts  # a masked token is never drawn
+    drawn = [(c, q) for c, q in zip(counts, p) if q > 0]
+    chi2 = sum((c - n * q) ** 2 / (n * q) for c, q in drawn)
+    assert chi2 < CHI2_CRITICAL_0_001[len(drawn) - 1], (counts, [n * q for q in p], chi2)
+
+
+def test_sample_refuses_what_it_cannot_draw_from():
+    gen, x = torch.Generator().manual_seed(0), torch.tensor([0.0, 1.0])
+    nan, inf = float("nan"), float("inf")
+    assert_refused(lambda: lm.sample(x, True, None, gen), TypeError, "temperature", True, "a finite number >= 0")
+    assert_refused(lambda: lm.sample(x, -1.0, None, gen), ValueError, "temperature", -1.0, "a finite number >= 0")
+    assert_refused(lambda: lm.sample(x, 1.0, 3, gen), ValueError, "top_k", 3, "an int in [1, 2]")
+    assert_refused(lambda: lm.sample(x, 1.0, None, 0), TypeError, "gen", 0, "a torch.Generator")
+    assert_refused(lambda: lm.sample([0.0, 1.0], 1.0, None, gen), TypeError, "logits", [0.0, 1.0], "a 1-D float")
+    for bad in ([nan, 1.0], [inf, 1.0], [-inf, -inf]):
+        assert_refused(lambda: lm.sample(torch.tensor(bad), 1.0, None, gen), ValueError, "logits", bad,
+                       "finite numbers or -inf")
+    with pytest.raises(ValueError, match="logits must be a non-empty 1-D float tensor"):
+        lm.sample(torch.tensor([1, 2]), 1.0, None, gen)
+    assert lm.sample(torch.tensor([0.0, -inf, 5.0]), 0.0, None, gen) == 2
 
 
 def test_cached_generation_equals_uncached_token_for_token(pretrained):
@@ -76,5 +127,7 @@ def test_bad_generation_arguments_are_refused_and_model_still_works():
         m(torch.tensor([[1]]), lm.KVCache(lm.TinyLMConfig()))
     with pytest.raises(ValueError, match="batch 0"):
         m(torch.zeros(0, 3, dtype=torch.long))
-    assert len(m.generate([1, 2], 3, temperature=1e-300)) == 3  # overflows to the greedy limit
+    assert_refused(lambda: m.generate([1], 3, temperature=True), TypeError, "temperature", True, "a finite number")
+    assert_refused(lambda: m.generate([1], 3, use_cache="no"), TypeError, "use_cache", "no", "True or False")
+    assert m.generate([1, 2], 3, temperature=1e-300) == m.generate([1, 2], 3)  # the greedy limit, no overflow
     assert len(m.generate([1, 2], 5)) == 5

@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 
 from labkit.tinylm import ByteTokenizer
 
+from ..refusals import assert_refused
+
 
 @given(st.binary(max_size=300))
 def test_tokenizer_round_trips_arbitrary_bytes(raw):
@@ -31,3 +33,10 @@ def test_bad_ids_and_text_are_refused():
     with pytest.raises(TypeError, match="text must be str or bytes"):
         tok.encode(42)
     assert tok.decode([104, 105]) == "hi"
+
+
+def test_ids_that_are_not_a_sequence_are_refused():
+    tok = ByteTokenizer()
+    assert_refused(lambda: tok.decode(None), TypeError, "ids", None, "a sequence of byte values")
+    assert_refused(lambda: tok.decode("hi"), TypeError, "ids", "hi", "a sequence of byte values")
+    assert tok.decode(b"hi") == "hi"

@@ -33,3 +33,8 @@ def test_bad_recipe_is_refused():
         train.train(steps=1, train_bytes=100)
     with pytest.raises(SystemExit):
         train.main(["--steps", "0"])
+
+
+def test_a_config_that_is_not_a_tinylmconfig_is_refused():
+    with pytest.raises(TypeError, match="cfg must be a TinyLMConfig, got dict"):
+        train.train(cfg={"d_model": 32}, steps=0)

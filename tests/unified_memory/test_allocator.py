@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 
 from labkit.unified_memory.allocator import Block, ContiguousAllocator, fragmenting_workload
 
+from ..refusals import assert_refused
+
 
 def runs(used):
     """Maximal free runs (offset, length) of a byte map, by scanning it."""
@@ -89,3 +91,9 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="free_every"):
         fragmenting_workload(a, [1], free_every=0)
     assert a.holes == [(0, 10)]
+
+
+def test_sizes_that_are_not_a_list_are_refused():
+    a = ContiguousAllocator(100)
+    assert_refused(lambda: fragmenting_workload(a, None), TypeError, "sizes", None, "a list of allocation sizes")
+    assert a.holes == [(0, 100)]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from labkit.unified_memory import DEVICE, FREE, HOST, UnifiedMemory
 
+from ..refusals import assert_refused
 from .reference import Reference
 
 PS = 4096
@@ -253,3 +254,13 @@ def test_where_and_frame_of_answer_for_any_page_number():
         um.where([0, 10**9, -5])
     with pytest.raises(TypeError, match="integer page numbers"):
         um.frame_of([0.0])
+
+
+def test_page_numbers_and_bins_of_the_wrong_kind_are_refused():
+    um = UnifiedMemory(2 * PS, 8 * PS)
+    um.alloc(3 * PS)
+    assert_refused(lambda: um.where([-1]), ValueError, "pages[0]", -1, "a page number >= 0")  # not the last page
+    assert_refused(lambda: um.frame_of([2, -1]), ValueError, "pages[1]", -1, "a page number >= 0")
+    assert um.where([10**9]).tolist() == [FREE]  # past the page table: not allocated
+    assert_refused(lambda: um.link_utilization(bins=True), TypeError, "bins", True, "a positive int")
+    assert_refused(lambda: um.link_utilization(bins=0), ValueError, "bins", 0, "a positive int")

@@ -4,6 +4,8 @@ import pytest
 
 from labkit.unified_memory import explore as ux
 
+from ..refusals import assert_refused
+
 from .reference import lru_by_hand
 
 
@@ -114,3 +116,22 @@ def test_the_paging_settings_make_pools():
     for settings in ux.PAGING_SETTINGS.values():
         um, _ = ux.fresh_pool(8, 4, **settings)
         assert um.stats.accesses == 0
+
+
+def test_empty_or_ill_typed_experiments_are_refused_by_name():
+    nan = float("nan")
+    assert_refused(lambda: ux.oversubscription([], 8, [0.5], 4096), ValueError, "pages", [], "non-empty page array")
+    assert_refused(lambda: ux.oversubscription(np.arange(8), 8, [-0.5], 4096), ValueError, "fractions[0]", -0.5,
+                   "a positive finite number")
+    assert_refused(lambda: ux.oversubscription(np.arange(8), 8, [0.5, nan], 4096), ValueError, "fractions[1]", nan,
+                   "a positive finite number")
+    assert_refused(lambda: ux.oversubscription(np.arange(8), 8, [], 4096), ValueError, "fractions", [], "non-empty")
+    assert_refused(lambda: ux.oversubscription(np.arange(8), 8, 0.5, 4096), TypeError, "fractions", 0.5, "a list")
+    assert_refused(lambda: ux.replay_summary([], 2), ValueError, "trace", [], "a non-empty list of page numbers")
+    assert_refused(lambda: ux.synthetic_trace("strided", 8, 10, stride=0), ValueError, "stride", 0, "a positive int")
+    assert_refused(lambda: ux.synthetic_trace("random", 8, 10, seed=-1), ValueError, "seed", -1, "a non-negative int")
+    assert_refused(lambda: ux.synthetic_trace("random", 8, 10, seed=1.5), TypeError, "seed", 1.5, "a non-negative")
+    assert_refused(lambda: ux.replay_steps(5, 4, 2), TypeError, "steps", 5, "a list of per-token page arrays")
+    assert_refused(lambda: ux.link_share(None), TypeError, "um", None, "a UnifiedMemory")
+    assert_refused(lambda: ux.explorer(static="yes"), TypeError, "static", "yes", "True or False")
+    assert ux.oversubscription(np.arange(8), 8, [0.5], 4096)[0]["faults"] == 8  # LRU on a sweep: all miss

@@ -51,6 +51,16 @@ def test_link_utilization_is_built_from_its_numbers():
     assert not any("gains nothing" in line for line in check.arithmetic)
 
 
+def test_link_utilization_says_which_latency_would_reach_the_claim():
+    check = fc.link_utilization(L, B, 4096, REPLAYS)
+    per_latency = 1024 * 8192 / 4  # bytes moved per batch of the ("None", 256) replay
+    needed = check.numbers["latency_needed"]
+    assert fc.busy_share(per_latency, needed, B) == pytest.approx(0.92)  # the inverse, checked by the forward model
+    assert f"92% needs a fault latency of at most {needed * 1e6:.1f} us (this model: 30 us)" in "\n".join(
+        check.arithmetic)
+    assert f"{needed * 1e6:.1f} us or less" in check.holds_if
+
+
 def test_link_utilization_wants_every_replay():
     short = {k: v for k, v in REPLAYS.items() if k != ("density", 256)}
     with pytest.raises(ValueError, match=r"replays must be a dict with \('density', 256\)"):
@@ -86,6 +96,21 @@ def test_dynamic_allocation_names_where_the_claim_is_reached():
     check = fc.dynamic_allocation(results, BURST, 80e9, 14e9)
     assert check.judgement.startswith("Not reached in any of these runs (+35% claimed)")
     assert check.numbers["reached"] == [] and math.isclose(check.numbers["bound"][0.8], bound)
+
+
+def test_dynamic_allocation_over_several_request_streams():
+    results = {BALANCED: pools(0.9, 0.8, 0.78, 0.95), SKEWED: pools(0.7, 0.77, 0.6, 0.945)}  # +35% in the skew
+    other = {BALANCED: pools(0.9, 0.8, 0.78, 0.95), SKEWED: pools(0.7, 0.77, 0.6, 0.91)}      # +30% there
+    check = fc.dynamic_allocation(results, BURST, 80e9, 14e9, sweep={0: results, 1: other})
+    assert "DYNAMIC thr 1.0 vs STATIC +30%..+35% (+35% or more in 1 of 2)" in check.arithmetic[-3]
+    assert "DYNAMIC vs STATIC +10% (+35% or more in 0 of 2)" in check.arithmetic[-3]  # the same in both seeds
+    assert "imbalanced load, DYNAMIC thr 1.0 vs STATIC (+35%; in 1 of 2 seeds, +30%..+35%)" in check.judgement
+    assert check.numbers["reaches"][SKEWED, "DYNAMIC thr 1.0", "STATIC"] == 1
+    # a seed that reaches the claim is named even when the main run does not
+    check = fc.dynamic_allocation(other, BURST, 80e9, 14e9, sweep={0: results, 1: other})
+    assert "(+30%; in 1 of 2 seeds, +30%..+35%)" in check.judgement
+    assert_refused(lambda: fc.dynamic_allocation(results, BURST, 80e9, 14e9, sweep={}), ValueError, "sweep", {},
+                   "a non-empty dict")
 
 
 def test_dynamic_allocation_wants_both_scenarios_and_pools():

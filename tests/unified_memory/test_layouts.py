@@ -8,6 +8,8 @@ from labkit.tinylm import param_counts, record_decode_trace
 from labkit.unified_memory.layouts import (layout, module_bytes, ngl_args, scale_trace, step_pages, total_bytes,
                                            trace_pages)
 
+from ..refusals import assert_refused
+
 
 @pytest.fixture(scope="module")
 def trace(pretrained):
@@ -86,3 +88,26 @@ def test_layout_refuses_bad_settings():
             layout(spec, **kwargs)
     with pytest.raises(TypeError, match="page_size"):
         trace_pages([], {}, page_size=4096.0)
+
+
+def test_layouts_and_events_of_the_wrong_shape_are_refused():
+    lay = {"w": (0, 8, 4)}
+    assert_refused(lambda: total_bytes({}), ValueError, "lay", {}, "a non-empty layout")
+    assert_refused(lambda: module_bytes(None, 2), TypeError, "lay", None, "a non-empty layout")
+    assert_refused(lambda: trace_pages([("w",)], lay), TypeError, "events[0]", ("w",), "an event (tensor name")
+    assert_refused(lambda: trace_pages([("w", 0.5, 2)], lay), TypeError, "events[0] first row", 0.5, "an int >= 0")
+    assert_refused(lambda: step_pages(None, specs.model("llama-2-7b"), lay, lay), TypeError, "steps", None, "a list")
+    assert trace_pages([("w", 0, 4)], lay).tolist() == [0]
+
+
+@pytest.mark.parametrize("bytes_per_weight", [4, 2, 0.5])
+def test_every_tensor_starts_on_its_own_4_kib_page_right_after_the_previous(bytes_per_weight):
+    """TinyLM's norms are 128 weights (a fraction of a page): each still gets a page of its own, and the next
+    tensor starts on the page after the previous one ends (counted here from the sizes, in forward order)."""
+    spec = specs.model("tinylm")
+    lay = layout(spec, bytes_per_weight=bytes_per_weight, kv_tokens=3)
+    tensors = sorted((off, row * rows, name) for name, (off, row, rows) in lay.items() if name != "lm_head")
+    assert tensors[0][0] == 0 and tensors[1][2] == "layers.0.attn_norm"
+    for (off, size, name), (next_off, _, _) in zip(tensors, tensors[1:]):
+        assert off % 4096 == 0 and next_off == off + 4096 * ((size + 4095) // 4096), name
+    assert total_bytes(lay) == tensors[-1][0] + 4096 * ((tensors[-1][1] + 4095) // 4096)

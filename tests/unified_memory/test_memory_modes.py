@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 from labkit.unified_memory.memory_modes import MemoryMode, PoolConfig, configure_memory, make_requests, simulate_tenants
 from labkit.unified_memory import configure_memory as exported
 
+from ..refusals import assert_refused
+
 GB = 10**9
 
 
@@ -140,3 +142,44 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"rates\[0\]"):
         make_requests(5, [-1.0], [1])
     assert simulate_tenants(cfg, [1], [1.0], [(0, 0, 2, 1)], 2)["served"] == 1  # still usable
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic", "hybrid"])
+def test_every_request_gives_back_what_it_took(mode):
+    """After the last request has ended, every pool holds exactly the weights again (a request of zero or
+    negative duration used to keep its memory forever)."""
+    requests = make_requests(60, [0.5, 0.3], [2, 3], mean_duration=5, seed=1)
+    r = simulate_tenants(configure_memory(mode, 100), [10, 10], [0.5, 0.5], requests, 200)
+    last_end = max(t + d for t, _, _, d in requests)
+    assert last_end < 200 and r["used"][last_end:].tolist() == [20.0] * (200 - last_end)
+    assert r["used_by_tenant"][-1].tolist() == [10.0, 10.0]
+
+
+def test_requests_that_would_corrupt_the_accounting_are_refused():
+    cfg = configure_memory("dynamic", 80)
+    run = lambda requests: simulate_tenants(cfg, [1, 1], [0.5, 0.5], requests, 5)  # noqa: E731
+    for duration in (0, -3):
+        assert_refused(lambda: run([(0, 0, 2, duration)]), ValueError, "requests[0] duration", duration,
+                       "a positive int (steps)")
+    assert_refused(lambda: run([(0, 0, 2, 1), (0, 0, -8, 10)]), ValueError, "requests[1] kv bytes", -8,
+                   "a positive int (bytes)")
+    assert_refused(lambda: run([(0, 0, 1.5, 3)]), TypeError, "requests[0] kv bytes", 1.5, "a positive int")
+    assert_refused(lambda: run([(0, 2, 2, 3)]), ValueError, "requests[0] tenant", 2, "an int in [0, 1]")
+    assert_refused(lambda: run([(0, -1, 2, 3)]), ValueError, "requests[0] tenant", -1, "an int in [0, 1]")
+    assert_refused(lambda: run([(-1, 0, 2, 3)]), ValueError, "requests[0] arrival step", -1, "an int >= 0")
+    assert_refused(lambda: run([(0, 0, 2)]), ValueError, "requests[0]", (0, 0, 2), "a tuple (arrival step")
+    assert_refused(lambda: run(None), TypeError, "requests", None, "a list of (arrival step")
+    assert_refused(lambda: simulate_tenants(cfg, [1, 1], [float("nan"), 0.5], [], 5), ValueError, "shares[0]",
+                   float("nan"), "a finite number in (0, 1]")
+    assert_refused(lambda: simulate_tenants(cfg, None, [0.5], [], 5), TypeError, "weight_bytes", None, "a list")
+    assert run([(0, 0, 2, 1)])["served"] == 1  # still usable
+
+
+def test_make_requests_refuses_what_numpy_would_choke_on():
+    nan = float("nan")
+    assert_refused(lambda: make_requests(5, [nan], [1]), ValueError, "rates[0]", nan, "a non-negative finite number")
+    assert_refused(lambda: make_requests(5, [1.0], [1.5]), TypeError, "kv_bytes[0]", 1.5, "a positive int (bytes)")
+    assert_refused(lambda: make_requests(5, [1.0], [1], seed=-1), ValueError, "seed", -1, "a non-negative int")
+    assert_refused(lambda: make_requests(5, [1.0], [1], seed=1.5), TypeError, "seed", 1.5, "a non-negative int")
+    assert_refused(lambda: make_requests(5, "a", [1]), TypeError, "rates", "a", "a list")
+    assert_refused(lambda: make_requests(5, [1e12], [1]), ValueError, "rates", [1e12], "at most 10,000,000")

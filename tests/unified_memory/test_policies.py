@@ -1,6 +1,7 @@
 """The eviction policies on their own, called from Python on a small frame table: the recency list stays in
 (last_use, page) order for LRU and load order for FIFO (checked against sorted()), victims skip the current
 fault's pages, clock gives a second chance, free frames are taken lowest first."""
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,3 +87,15 @@ def test_free_frames_are_taken_lowest_first():
     assert policies.take_free_frame(frames, state) == 1
     frames[1, PAGE] = 7
     assert policies.take_free_frame(frames, state) == 3
+
+
+def test_no_victim_is_an_error_not_an_endless_search():
+    """A fault that has loaded every frame leaves nothing to evict (the prefetchers stop at device_pages - 1
+    pages so that it never happens); the search must end with an error, for every policy, compiled or not."""
+    for eviction in (LRU, FIFO, CLOCK):
+        frames, state = filled([(1, 10), (2, 11), (3, 12)], eviction)
+        state[FAULT_ID] = 4
+        frames[:, LOADED_BY] = 4
+        for pick in (policies.pick_victim, policies.pick_victim.py_func):
+            with pytest.raises(RuntimeError, match="no eviction victim"):
+                pick(eviction, frames, state)

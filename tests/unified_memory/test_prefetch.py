@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 from labkit.unified_memory import HOST, UnifiedMemory, density_node
 
+from ..refusals import assert_refused
+
 PS = 4096
 
 
@@ -75,3 +77,10 @@ def test_a_fault_never_brings_more_than_the_device_holds():
     assert (um.stats.faults, um.stats.migrations, um.n_device) == (1, 3, 3)  # the page + device_pages - 1
     um.access_pages([a.first_page + 10])  # evicts the three, brings 10, 11, 12
     assert um.where(np.arange(13) + a.first_page).tolist() == [0] * 10 + [1] * 3 and um.stats.evictions == 3
+
+
+def test_density_node_refuses_a_leaf_or_residency_that_is_not_what_it_says():
+    assert_refused(lambda: density_node([True, False], 0, leaf=True), TypeError, "leaf", True, "a positive int")
+    assert_refused(lambda: density_node([0.5, 2.0], 0), TypeError, "resident", [0.5, 2.0], "one bool (or 0/1)")
+    assert_refused(lambda: density_node([0, 2], 0), ValueError, "resident", [0, 2], "one bool (or 0/1)")
+    assert density_node([1, 0], 1, leaf=1) == (0, 2)

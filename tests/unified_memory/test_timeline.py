@@ -1,6 +1,7 @@
 """The link timeline: every recorded busy second is kept through widening, each bin holds exactly the busy
 time inside it (checked against interval arithmetic), and reading it back is exact at bin edges."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,3 +47,10 @@ def test_a_long_run_fits_the_same_bins():
     assert abs(busy_until(timeline, np.array([1e3]))[0] - (1.0 + 1e-6)) < width
     assert np.isclose(busy_until(timeline, np.array([500.0]))[0], 1e-6)
     assert np.isclose(busy_until(timeline, np.array([2000.0]))[0], 1.0 + 1e-6)
+
+
+def test_busy_until_refuses_what_is_not_a_timeline():
+    with pytest.raises(TypeError, match="timeline must be a timeline from new_timeline"):
+        busy_until(None, [1.0])
+    with pytest.raises(ValueError, match="times must be finite simulated times"):
+        busy_until(new_timeline(), [float("nan")])

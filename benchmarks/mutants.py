@@ -1,0 +1,266 @@
+"""Targeted mutation testing: does the test suite notice when labkit is broken on purpose?
+
+    .venv/bin/python benchmarks/mutants.py                  # every mutant (about 15 minutes on 2 cores)
+    .venv/bin/python benchmarks/mutants.py --only tinylm    # mutants whose name or file contains "tinylm"
+    .venv/bin/python benchmarks/mutants.py --list           # the mutants and the tests each one runs
+    .venv/bin/python benchmarks/mutants.py --check          # only check that every snippet still exists
+    .venv/bin/python benchmarks/mutants.py --baseline       # first check the unmutated tests pass
+
+A mutant is (name, file, exact source snippet, replacement, test files): one deliberate bug of the kind an
+audit found the suite letting through (issue 11), or one of our own. The script first checks that every
+snippet occurs exactly once in its file (it stops with the list of those that do not: a refactor moved the
+code, so the mutant must be rewritten, not skipped). It then copies the repository to a temporary folder
+(never edits the working tree: other people may be working in it), and for each mutant writes the mutated
+file into the copy, runs the mutant's test files there with pytest (-x: the first failure kills it), and
+restores the file. A test that outlives --timeout seconds is stopped by pytest-timeout's thread method (the
+signal method cannot interrupt a loop compiled by numba) and the whole run, as a last resort, by a kill
+--timeout + 30 seconds after it started; either counts as "killed (timeout)": a hang is a failure CI sees.
+
+Verdicts: killed (a test failed), killed (timeout), survived (every test passed: the suite misses this bug),
+error (pytest found no test or could not run: fix the mutant). Score = killed / (killed + survived).
+Exit status 0 when nothing survived and nothing erred, 1 otherwise. Deterministic: hypothesis runs with the
+project's derandomized profile (tests/conftest.py); the mutants are fixed text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", ".pytest_cache", "student",
+                                     "submissions", ".ipynb_checkpoints", "*.pyc")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str          # path from the repository root
+    snippet: str       # exact text, found exactly once in the file
+    replacement: str
+    tests: tuple[str, ...]
+    select: str = ""   # pytest -k expression ("" runs every test of the files)
+
+
+M = Mutant
+MUTANTS = [
+    # ---- issue 11: the audit's surviving mutants (labs 01, 03, the course checker) --------------------------
+    M("gptq skips column j+1", "labkit/quant/gptq.py",
+      "w[:, j + 1:] -= err[:, None] * hinv[j, j + 1:][None, :]", "w[:, j + 2:] -= err[:, None] * hinv[j, j + 2:][None, :]",
+      ("tests/quant/test_gptq.py",)),
+    M("gptq grid from the original weights", "labkit/quant/gptq.py",
+      'q = quantize(w[:, j:j + g], bits, scheme, "channel")',
+      'q = quantize(weight.detach().float()[:, j:j + g], bits, scheme, "channel")', ("tests/quant/test_gptq.py",)),
+    M("gptq half-strength error feedback", "labkit/quant/gptq.py",
+      "err = (w[:, j] - (c - z) * s) / hinv[j, j]", "err = 0.5 * (w[:, j] - (c - z) * s) / hinv[j, j]",
+      ("tests/quant/test_gptq.py",)),
+    M("gptq 10x damping", "labkit/quant/gptq.py",
+      "h += damp * h.diagonal().mean()", "h += 10 * damp * h.diagonal().mean()", ("tests/quant/test_gptq.py",)),
+    M("footprint KV ignores batch", "labkit/memory_wall/footprint.py",
+      '"kv_cache": float(batch * context * spec.kv_bytes_per_token(kv)),',
+      '"kv_cache": float(context * spec.kv_bytes_per_token(kv)),', ("tests/memory_wall/test_footprint.py",)),
+    M("decode bytes KV ignores batch", "labkit/memory_wall/footprint.py",
+      "+ batch * context * spec.kv_bytes_per_token(kv)", "+ context * spec.kv_bytes_per_token(kv)",
+      ("tests/memory_wall/test_footprint.py",)),
+    M("symmetric rounding half-up", "labkit/quant/qtensor.py",
+      "codes = torch.round(x / scale[..., None]).clamp_(qmin, qmax)",
+      "codes = torch.floor(x / scale[..., None] + 0.5).clamp_(qmin, qmax)", ("tests/quant/test_qtensor.py",)),
+    M("zero-point floor 2^-12", "labkit/quant/qtensor.py",
+      "hi.abs()).double() / 2 ** 14", "hi.abs()).double() / 2 ** 12", ("tests/quant/test_qtensor.py",)),
+    M("byte rounding for odd sizes", "labkit/quant/qtensor.py",
+      "return math.ceil(numel * bits / 8) + groups * extra", "return numel * bits // 8 + groups * extra",
+      ("tests/quant/test_qtensor.py",)),
+    M("NF4 tie direction", "labkit/quant/nf4.py",
+      'scaled, side="left")', 'scaled, side="right")', ("tests/quant/test_nf4.py",)),
+    M("exercise checker tolerance 100x looser", "labkit/course/check.py",
+      "RTOL, ATOL = 1e-6, 1e-9", "RTOL, ATOL = 1e-4, 1e-7", ("tests/course/test_check.py",)),
+    M("copy bandwidth halved", "labkit/memory_wall/hardware.py",
+      '"copy": (lambda: np.copyto(b, a), 2 * a.nbytes)', '"copy": (lambda: np.copyto(b, a), a.nbytes)',
+      ("tests/memory_wall/test_hardware.py",)),
+    M("FLOP counted as n^3", "labkit/memory_wall/hardware.py",
+      "return 2 * n**3 / measure(", "return n**3 / measure(", ("tests/memory_wall/test_hardware.py",)),
+    M("calculator counts devices from weights only", "labkit/memory_wall/footprint.py",
+      'math.ceil((f["weights"] + f["kv_cache"]) / memory)', 'math.ceil(f["weights"] / memory)',
+      ("tests/memory_wall/test_footprint.py", "tests/memory_wall/test_calculator.py")),
+    M("prefetch fills the whole device", "labkit/unified_memory/loop.py",
+      "rules, n_frames - 1, counts, prefetched)", "rules, n_frames, counts, prefetched)",
+      ("tests/unified_memory/test_prefetch.py", "tests/unified_memory/test_engine.py")),
+    M("sample greedy on -inf", "labkit/tinylm/generate.py",
+      "    if temperature == 0:\n        return int(z.argmax())",
+      "    if temperature == 0 or not torch.isfinite(z).all():\n        return int(z.argmax())",
+      ("tests/tinylm/test_generate.py",), "sample or softmax"),
+    # ---- our own: labkit.tinylm -------------------------------------------------------------------------
+    M("KVCache accepts int8", "labkit/tinylm/cache.py",
+      "if not dtype.is_floating_point:", "if False:", ("tests/tinylm/test_cache.py",)),
+    M("perplexity windows do not overlap", "labkit/tinylm/eval.py",
+      "for i in range(0, t.numel() - 1, ctx)]", "for i in range(0, t.numel() - 1, ctx + 1)]",
+      ("tests/tinylm/test_eval.py",)),
+    M("rotary positions turn the wrong way", "labkit/tinylm/model.py",
+      "rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)",
+      "rotated = torch.cat([x[..., half:], -x[..., :half]], dim=-1)", ("tests/tinylm/test_model.py",)),
+    M("GQA heads grouped round-robin", "labkit/tinylm/model.py",
+      "k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
+      "k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)", ("tests/tinylm/test_model.py",)),
+    M("param_counts forgets the final norm", "labkit/tinylm/config.py",
+      '"norm": (2 * cfg.n_layers + 1) * d,', '"norm": 2 * cfg.n_layers * d,', ("tests/tinylm/test_config.py",)),
+    M("top_k lets one more token in", "labkit/tinylm/generate.py",
+      "kth = torch.topk(z, top_k).values[-1]", "kth = torch.topk(z, min(top_k + 1, z.numel())).values[-1]",
+      ("tests/tinylm/test_generate.py",), "sample or softmax or top_k"),
+    M("rewind moves forward", "labkit/tinylm/cache.py",
+      'self.length = check_int("length", length, 0, self.length)',
+      'self.length = check_int("length", length, 0, self.max_len)', ("tests/tinylm/test_cache.py",)),
+    M("task answer read one position late", "labkit/tinylm/eval.py",
+      "got = pred[j, len(p) - 1:len(p) - 1 + len(a)].tolist()", "got = pred[j, len(p):len(p) + len(a)].tolist()",
+      ("tests/tinylm/test_eval.py",), "teacher_forced or wrong_answers"),
+    # ---- our own: labkit.unified_memory -----------------------------------------------------------------
+    M("LRU ties broken by the larger page", "labkit/unified_memory/policies.py",
+      "return frames[frame, PAGE] > frames[other, PAGE]", "return frames[frame, PAGE] < frames[other, PAGE]",
+      ("tests/unified_memory/test_policies.py",)),
+    M("a hit does not set clock's reference bit", "labkit/unified_memory/policies.py",
+      "    frames[frame, REFERENCED] = 1\n    if eviction == LRU:", "    if eviction == LRU:",
+      ("tests/unified_memory/test_engine.py",)),
+    M("a hit does not end a fault batch", "labkit/unified_memory/loop.py",
+      "state[IN_BATCH] = 0                              # a hit ends the batch of faults", "pass",
+      ("tests/unified_memory/test_engine.py",)),
+    M("density node taken at exactly the threshold", "labkit/unified_memory/prefetch.py",
+      "> threshold * (node_end - node_start):", ">= threshold * (node_end - node_start):",
+      ("tests/unified_memory/test_prefetch.py",)),
+    M("evicted pages not counted on the link", "labkit/unified_memory/loop.py",
+      "busy = (1 + n_prefetched + evicted) * costs.page_size", "busy = (1 + n_prefetched) * costs.page_size",
+      ("tests/unified_memory/test_engine.py",)),
+    M("an ended request gives back half its memory", "labkit/unified_memory/memory_modes.py",
+      "            if dev:\n                used[i] -= b", "            if dev:\n                used[i] -= b / 2",
+      ("tests/unified_memory/test_memory_modes.py", "tests/unified_memory/test_tenants.py")),
+    M("HYBRID floor is the whole partition", "labkit/unified_memory/memory_modes.py",
+      "return used[i] + b <= floor[i] or", "return used[i] + b <= part[i] or",
+      ("tests/unified_memory/test_memory_modes.py",)),
+    M("tensors not aligned to 4 KiB", "labkit/unified_memory/layouts.py",
+      "offset += -(-row * rows // 4096) * 4096", "offset += row * rows", ("tests/unified_memory/test_layouts.py",)),
+    M("zero-duration requests accepted", "labkit/unified_memory/memory_modes.py",
+      'check_positive_int(f"requests[{index}] duration", r[3], unit="steps")', "r[3]",
+      ("tests/unified_memory/test_memory_modes.py",)),
+]
+
+
+def check_snippets(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
+    """One line per mutant whose snippet is not found exactly once in its file (empty: all good)."""
+    problems = []
+    for m in mutants:
+        path = root / m.file
+        if not path.is_file():
+            problems.append(f"{m.name}: {m.file} does not exist")
+            continue
+        n = path.read_text().count(m.snippet)
+        if n != 1:
+            problems.append(f"{m.name}: the snippet occurs {n} times in {m.file}: {m.snippet!r}")
+        for test in m.tests:
+            if not (root / test).is_file():
+                problems.append(f"{m.name}: test file {test} does not exist")
+    return problems
+
+
+def run_tests(copy: Path, m: Mutant, timeout: float) -> tuple[str, float, str]:
+    """(verdict, seconds, last lines of pytest's output) for the mutant's tests in `copy`."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "NUMBA_CACHE_DIR": str(copy / ".numba-cache"),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header",
+           f"--timeout={max(1, int(timeout))}", "--timeout-method=thread", *m.tests] + (["-k", m.select] if m.select else [])
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout + 30)  # pytest-timeout ends a hung test first, normally
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return "killed (timeout)", time.monotonic() - start, out[-600:]
+    seconds = time.monotonic() - start
+    tail = "\n".join(out.strip().splitlines()[-6:])
+    if proc.returncode == 0:
+        return "survived", seconds, tail
+    if proc.returncode == 1:
+        return ("killed (timeout)" if "Timeout (>" in out else "killed"), seconds, tail
+    if proc.returncode == 2 and "error" in tail.lower():  # the mutant broke an import: a collection error
+        return "killed", seconds, tail
+    return f"error (pytest exit {proc.returncode})", seconds, tail
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run the mutants whose name or file contains this text")
+    parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
+    parser.add_argument("--check", action="store_true", help="only check that every snippet exists once")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds per mutant (default 180)")
+    parser.add_argument("--verbose", action="store_true", help="print pytest's last lines for every mutant")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first run each mutant's tests on the unmutated copy: they must pass")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive, got {args.timeout}")
+    chosen = [m for m in MUTANTS if args.only in m.name or args.only in m.file]
+    if not chosen:
+        parser.error(f"no mutant matches --only {args.only!r}")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:<48} {m.file:<38} {' '.join(m.tests)}" + (f" -k {m.select!r}" if m.select else ""))
+        return 0
+    problems = check_snippets(chosen)
+    if problems:
+        print("these mutants no longer match the code (rewrite them):\n  " + "\n  ".join(problems))
+        return 2
+    print(f"{len(chosen)} mutants: every snippet found once")
+    if args.check:
+        return 0
+    with tempfile.TemporaryDirectory(prefix="labkit-mutants-") as tmp:
+        copy = Path(tmp) / "repo"
+        shutil.copytree(ROOT, copy, ignore=COPY_IGNORE)
+        where = subprocess.run([sys.executable, "-c", "import labkit; print(labkit.__file__)"], cwd=copy,
+                               env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True)
+        if not where.stdout.strip().startswith(str(copy)):
+            print(f"the copy in {copy} does not import its own labkit ({where.stdout.strip() or where.stderr})")
+            return 2
+        if args.baseline:
+            runs = {(m.tests, m.select): m for m in chosen}  # each distinct selection once
+            failing = []
+            for m in runs.values():
+                verdict, seconds, tail = run_tests(copy, m, args.timeout)
+                print(f"baseline {'ok' if verdict == 'survived' else verdict:<17} {seconds:6.1f} s  "
+                      f"{' '.join(m.tests)}" + (f" -k {m.select!r}" if m.select else ""), flush=True)
+                if verdict != "survived":
+                    failing.append(tail)
+            if failing:
+                print("the unmutated tests do not pass: a kill would mean nothing\n" + "\n".join(failing))
+                return 2
+        results = []
+        for i, m in enumerate(chosen, 1):
+            path = copy / m.file
+            original = path.read_text()
+            path.write_text(original.replace(m.snippet, m.replacement))
+            try:
+                verdict, seconds, tail = run_tests(copy, m, args.timeout)
+            finally:
+                path.write_text(original)
+            results.append((m, verdict))
+            print(f"[{i:2d}/{len(chosen)}] {verdict:<17} {seconds:6.1f} s  {m.name}", flush=True)
+            if args.verbose or verdict == "survived" or verdict.startswith("error"):
+                print("      " + tail.replace("\n", "\n      "))
+    killed = sum(v.startswith("killed") for _, v in results)
+    survived = [m.name for m, v in results if v == "survived"]
+    errors = [m.name for m, v in results if v.startswith("error")]
+    timeouts = sum(v == "killed (timeout)" for _, v in results)
+    scored = killed + len(survived)
+    print(f"\nmutation score {killed}/{scored} = {killed / scored:.0%} killed" if scored else "\nno mutant scored",
+          f"({timeouts} of them by timeout); survived: {survived or 'none'}; errors: {errors or 'none'}")
+    return 0 if not survived and not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
