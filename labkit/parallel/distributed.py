@@ -30,8 +30,11 @@ import torch.distributed as dist
 
 from .._checks import check_int, check_positive, check_positive_int, fail
 
-MAX_WORLD = 8
-"""The most ranks this course starts on one machine (each process holds its own torch, ~300 MB)."""
+CORES = os.cpu_count() or 1
+MAX_WORLD = 4 * CORES
+"""The most ranks this course starts on this machine: 4 per CPU core (8 on the course's 2 cores). Each rank is
+a process with its own torch (~300 MB) running one thread; past a few per core they only queue for the
+cores and every collective waits on the slowest."""
 
 
 class RankError(RuntimeError):
@@ -42,9 +45,13 @@ class RankError(RuntimeError):
         self.rank, self.kind, self.message, self.trace = rank, kind, message, trace
 
 
-def check_world(world: int) -> int:
-    """A world size this machine can run: an int in [1, MAX_WORLD]."""
-    return check_int("world", world, 1, MAX_WORLD)
+def check_world(world: int, name: str = "world") -> int:
+    """A world size this machine can run: an int in [1, MAX_WORLD] (refused under `name` otherwise)."""
+    check_int(name, world)
+    if not 1 <= world <= MAX_WORLD:
+        fail(name, world, f"an int in [1, {MAX_WORLD}]: this machine runs at most 4 ranks per CPU core "
+             f"({CORES} cores), each a process with its own torch (~300 MB)")
+    return world
 
 
 def check_worker(fn: Callable) -> Callable:

@@ -149,7 +149,11 @@ class PipelineRun:
 
     @property
     def bubble(self) -> float:
-        """Measured idle share of the total time (labkit.parallel.schedule.measured_bubble)."""
+        """Measured idle share of the total time (labkit.parallel.schedule.measured_bubble); only for the
+        course's schedules (library=True records no events)."""
+        if not any(self.events):
+            raise ValueError("bubble must be measured on a run of the course's schedule (library=False): "
+                             "torch.distributed.pipelining's run records no events, got library=True")
         return measured_bubble(self.events)
 
     @property
@@ -180,6 +184,12 @@ def pipeline_step(model: TinyLM, tokens: torch.Tensor, targets: torch.Tensor, st
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape != getattr(targets, "shape", None):
         fail("tokens", getattr(tokens, "shape", tokens), "a [B, T] tensor of token ids, targets of the same shape",
              TypeError)
+    for name, t in (("tokens", tokens), ("targets", targets)):
+        if t.dtype != torch.long or t.numel() == 0 or int(t.min()) < 0 or int(t.max()) >= model.cfg.vocab_size:
+            fail(name, f"{t.dtype} in [{int(t.min()) if t.numel() else '-'}, {int(t.max()) if t.numel() else '-'}]",
+                 f"int64 token ids in [0, {model.cfg.vocab_size - 1}]")
+    if tokens.shape[1] > model.cfg.max_seq_len:
+        fail("tokens", tuple(tokens.shape), f"at most max_seq_len={model.cfg.max_seq_len} positions")
     if tokens.shape[0] % microbatches:
         fail("microbatches", microbatches, f"a divisor of the batch size {tokens.shape[0]}")
     if pool is not None and pool.world != stages:

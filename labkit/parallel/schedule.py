@@ -19,7 +19,7 @@ fraction of the ideal (bubble-free) time instead of the total.
 
 from __future__ import annotations
 
-from .._checks import check_choice, check_positive_int
+from .._checks import check_choice, check_positive, check_positive_int, fail
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -68,6 +68,8 @@ def simulate(schedule: str, stages: int, microbatches: int, forward: float = 1.0
     """Start and end times of every operation when each forward takes `forward` and each backward
     `backward` seconds on every stage and messages are free: for each stage, (kind, micro-batch, start,
     end). An operation starts when its stage is free and its input has arrived."""
+    check_positive("forward", forward, unit="seconds")
+    check_positive("backward", backward, unit="seconds")
     ops = operations(schedule, stages, microbatches)
     done: dict[tuple[str, int, int], float] = {}
     clock, pos, out = [0.0] * stages, [0] * stages, [[] for _ in range(stages)]
@@ -94,6 +96,9 @@ def simulate(schedule: str, stages: int, microbatches: int, forward: float = 1.0
 def measured_bubble(events: list[list[tuple[str, int, float, float]]]) -> float:
     """Idle share of the total time, averaged over stages, from each stage's (kind, mb, start, end) events:
     1 - busy / (last end - first start)."""
+    if not isinstance(events, (list, tuple)) or not events or not all(events):
+        fail("events", events, "one non-empty list of (kind, micro-batch, start, end) per stage (a run of "
+             "torch.distributed.pipelining records none: library=True runs have no measured bubble)")
     t0 = min(e[2] for stage in events for e in stage)
     t1 = max(e[3] for stage in events for e in stage)
     busy = [sum(e[3] - e[2] for e in stage) for stage in events]

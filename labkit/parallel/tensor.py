@@ -32,11 +32,16 @@ def check_tp(cfg: TinyLMConfig, tp: int) -> int:
     """`tp` if it splits TinyLM evenly: it must divide n_heads, n_kv_heads, d_ff and vocab_size. Real engines
     (vLLM, TensorRT-LLM) go past n_kv_heads by replicating KV heads: tp / n_kv_heads ranks then hold a copy
     of the same KV head, and the KV cache is stored that many times."""
-    tp = check_world(tp)
-    for name in ("n_heads", "n_kv_heads", "d_ff", "vocab_size"):
+    tp = check_world(tp, "tp")
+    if cfg.n_heads % tp:
+        fail("tp", tp, f"a divisor of n_heads={cfg.n_heads}: {cfg.n_heads} query heads cannot be shared "
+             f"equally by {tp} ranks")
+    if cfg.n_kv_heads % tp:
+        fail("tp", tp, f"a divisor of n_kv_heads={cfg.n_kv_heads} (n_heads={cfg.n_heads} divides): past "
+             "n_kv_heads real engines replicate KV heads instead, which this course does not")
+    for name in ("d_ff", "vocab_size"):
         if getattr(cfg, name) % tp:
-            fail("tp", tp, f"a divisor of {name}={getattr(cfg, name)} (n_heads={cfg.n_heads}, n_kv_heads="
-                 f"{cfg.n_kv_heads}); past n_kv_heads real engines replicate KV heads instead")
+            fail("tp", tp, f"a divisor of {name}={getattr(cfg, name)} (the column/row split cuts it in {tp})")
     return tp
 
 

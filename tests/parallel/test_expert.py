@@ -47,16 +47,32 @@ def test_expert_parallel_equals_the_reference(cf, skew, pool2):
     recv = [list(col) for col in zip(*run.splits)]  # the receive matrix: the send matrix transposed
     assert run.load == [sum(r) for r in recv]
     assert sum(map(sum, run.splits)) == 64 * 2 - run.dropped
-    off_rank = [sum(row) - row[i] for i, row in enumerate(run.splits)]
-    assert run.bytes_sent == [2 * n * 16 * 4 for n in off_rank]
+    dispatch, received = by_hand_crossings(X, PARAMS, 2, cf, skew, 2)
+    assert run.dispatch_bytes == [n * 16 * 4 for n in dispatch]
+    assert run.combine_bytes == [n * 16 * 4 for n in received]
 
 
-def test_uniform_routing_bytes_match_the_formula():
-    router = torch.zeros(4, 16)  # every expert equally likely: ties broken by index, so force uniformity
-    tokens = 64
-    expected = ex.all_to_all_bytes(tokens, 2, 16, 2)
-    assert expected == 2 * 32 * 2 * 0.5 * 16 * 4
-    assert ex.route(X, router, 2, 8.0).dropped == 0
+def by_hand_crossings(x, params, k, cf, skew, ep):
+    """Route every rank's chunk in one process; count rows leaving each rank and rows arriving from others."""
+    per_rank = params["router"].shape[0] // ep
+    dispatch, received = [0] * ep, [0] * ep
+    for i, chunk in enumerate(x.chunk(ep)):
+        for _, e, _ in brute_route(chunk, params["router"], k, cf, skew)[0]:
+            if e // per_rank != i:
+                dispatch[i] += 1
+                received[e // per_rank] += 1
+    return dispatch, received
+
+
+@pytest.mark.timeout(60)
+def test_uniform_routing_bytes_match_the_formula(pool2):
+    router = torch.eye(4, 16) * 10  # expert e scores feature e
+    pairs = [(a, b) for a in range(4) for b in range(4) if a != b]  # every ordered pair twice per rank
+    x = torch.stack([torch.eye(16)[a] * 2 + torch.eye(16)[b] for a, b in pairs * 4])  # [48, 16]
+    params = dict(PARAMS, router=router)
+    run = ex.expert_parallel_forward(x, params, 2, 8.0, 2, pool=pool2)
+    assert run.dropped == 0
+    assert run.bytes_sent == [ex.all_to_all_bytes(48, 2, 16, 2)] * 2
 
 
 def test_bad_input_is_refused():
@@ -65,5 +81,5 @@ def test_bad_input_is_refused():
     assert_refused(lambda: ex.expert_parallel_forward(X, PARAMS, 5, 1.0, 2), ValueError, "k", 5, "in [1, 4]")
     assert_refused(lambda: ex.expert_parallel_forward(X, PARAMS, 2, 0, 2), ValueError, "capacity_factor", 0,
                    "positive")
-    assert_refused(lambda: ex.expert_parallel_forward(X, {}, 2, 1.0, 2), TypeError, "params", "dict",
-                   "from make_experts")
+    assert_refused(lambda: ex.expert_parallel_forward(X, {}, 2, 1.0, 2), TypeError, "params", [],
+                   "a dict from make_experts")

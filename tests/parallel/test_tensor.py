@@ -47,10 +47,15 @@ def test_degrees_that_do_not_divide_are_refused(tinylm):
                    "a divisor of n_kv_heads=2")
     assert_refused(lambda: tp.tensor_parallel_logits(tinylm, tokens, 3), ValueError, "tp", 3,
                    "a divisor of n_heads=4")
-    assert_refused(lambda: tp.tensor_parallel_logits(tinylm, tokens, 16), ValueError, "world", 16, "in [1, 8]")
+    from labkit.parallel.distributed import MAX_WORLD
+    assert_refused(lambda: tp.tensor_parallel_logits(tinylm, tokens, MAX_WORLD + 1), ValueError, "tp",
+                   MAX_WORLD + 1, f"in [1, {MAX_WORLD}]: this machine runs at most 4 ranks per CPU core")
     assert_refused(lambda: tp.tensor_parallel_logits("model", tokens, 2), TypeError, "model", "str", "a TinyLM")
     with pytest.raises(ValueError, match="replicate KV heads"):
         tp.check_tp(TinyLMConfig(), 4)
+    with pytest.raises(ValueError) as info:  # TP=3: the query heads are the problem, not the KV heads
+        tp.check_tp(TinyLMConfig(), 3)
+    assert "KV" not in str(info.value) and "4 query heads" in str(info.value)
     assert_refused(lambda: tp.tensor_parallel_generate(tinylm, [1, 2], 300, 2), ValueError, "max_new_tokens",
                    300, "<= 254")
 
