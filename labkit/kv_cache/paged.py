@@ -29,7 +29,7 @@ from typing import Hashable, Sequence
 import torch
 
 from .._checks import check_int, check_positive_int, check_type, fail, is_int
-from ..tinylm import TinyLMConfig
+from ..tinylm import TinyLMConfig, check_prompt, check_tinylm
 from .blocks import BlockManager, blocks_needed
 
 
@@ -260,15 +260,12 @@ class PagedKVCache:
 
 def _check_request(model, prompt, max_new_tokens: int, cache: "PagedKVCache", seq_id) -> list[int]:
     """paged_generate's checks, all before anything is allocated (as labkit.tinylm.generate checks its own)."""
-    if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "cfg", None), TinyLMConfig):
-        fail("model", type(model).__name__, "a TinyLM (an nn.Module with a TinyLMConfig .cfg)", TypeError)
+    check_tinylm(model)
     check_type("cache", cache, PagedKVCache, "a labkit.kv_cache.PagedKVCache")
     if model.cfg != cache.cfg:
         fail("cache", "a PagedKVCache for another config", "a PagedKVCache built with this model's cfg")
     check_positive_int("max_new_tokens", max_new_tokens)
-    prompt = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
-    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not all(is_int(t) for t in prompt):
-        fail("prompt", prompt, "a list of token ids (encode text with ByteTokenizer first)", TypeError)
+    prompt = check_prompt(prompt, model.cfg.vocab_size)
     V, ctx = model.cfg.vocab_size, model.cfg.max_seq_len
     bad = [t for t in prompt if not 0 <= t < V]
     if bad:

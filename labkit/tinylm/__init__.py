@@ -5,16 +5,16 @@ traces (notebook 00; every later lab builds on it). Bottom layer: imports only l
 from .cache import Cache, KVCache
 from .checkpoint import CHECKPOINT, CheckpointError, load_pretrained, save_checkpoint
 from .config import (LAYER_TYPES, TP_STYLES, LinearLayer, TinyLMConfig, iter_linears, layer_type, linear_layers,
-                     param_counts, random_config)
+                     check_tinylm, param_counts, random_config)
 from . import corpus
 from .corpus import TASK_KINDS, Task, make_tasks
 from .eval import accuracy_gap, perplexity, task_accuracy, task_correct
-from .generate import generate, sample
+from .generate import check_prompt, generate, sample
 from .model import TinyLM
 from .tokenizer import ByteTokenizer
 from .traces import Event, record_decode_trace
 
 __all__ = ["Cache", "KVCache", "CHECKPOINT", "CheckpointError", "load_pretrained", "save_checkpoint", "LAYER_TYPES",
            "TP_STYLES", "LinearLayer", "TinyLMConfig", "iter_linears", "layer_type", "linear_layers", "param_counts",
-           "random_config", "TASK_KINDS", "Task", "corpus", "make_tasks", "accuracy_gap", "perplexity", "task_accuracy",
+           "random_config", "check_tinylm", "check_prompt", "TASK_KINDS", "Task", "corpus", "make_tasks", "accuracy_gap", "perplexity", "task_accuracy",
            "task_correct", "generate", "sample", "TinyLM", "ByteTokenizer", "Event", "record_decode_trace"]

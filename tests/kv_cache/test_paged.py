@@ -219,7 +219,8 @@ def test_bad_requests_to_paged_generate_are_refused_before_anything_is_allocated
     assert_refused(lambda: paged_generate(model, [1, -1], 3, cache), ValueError, "prompt", -1, "[0, 256)")
     assert_refused(lambda: paged_generate(model, "hi", 3, cache), TypeError, "prompt", "hi", "a list of token ids")
     assert_refused(lambda: paged_generate(model, [1], 0, cache), ValueError, "max_new_tokens", 0, "positive")
-    assert_refused(lambda: paged_generate("m", [1], 1, cache), TypeError, "model", "str", "a TinyLM")
+    with pytest.raises(TypeError, match=r"^model must be a TinyLM .*, got str$"):  # tinylm's own check
+        paged_generate("m", [1], 1, cache)
     paged_generate(model, [1], 1, cache, seq_id="x")
     assert_refused(lambda: paged_generate(model, [1], 1, cache, seq_id="x"), ValueError, "seq_id", "x",
                    "a new sequence id")
