@@ -132,6 +132,9 @@ def all_to_all(tensors: list[torch.Tensor], splits=None) -> list[torch.Tensor]:
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.dim() == 0:
             fail("each of tensors", type(t).__name__, "a tensor with at least one dimension", TypeError)
+    rows = {tuple(t.shape[1:]) for t in tensors}
+    if len(rows) > 1:
+        fail("tensors", [tuple(t.shape) for t in tensors], "tensors whose shapes agree past dim 0 (rows may differ)")
     if splits is None:
         for t in tensors:
             if t.shape[0] % n:

@@ -85,9 +85,20 @@ def _op_input(op: str, nbytes: int, world: int) -> torch.Tensor:
     return torch.ones(numel // world if op == "all_gather" else numel)
 
 
-def time_worker(rank: int, world: int, op: str, sizes: list[int], repeats: int) -> list[float]:
+def _compute(seconds: float) -> None:
+    """Keep this rank's core busy with small matmuls for about `seconds` (a decode step's compute)."""
+    a = torch.ones(32, 32)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = a @ a * (1 / 32)
+
+
+def time_worker(rank: int, world: int, op: str, sizes: list[int], repeats: int,
+                after_compute: float = 0.0) -> list[float]:
     """Median seconds of `op` for each size S in bytes (see _op_input), each repeat ending at a barrier-free
-    max over ranks: the slowest rank's time is the collective's time. Same list on every rank."""
+    max over ranks: the slowest rank's time is the collective's time. Same list on every rank.
+    after_compute > 0: every rank computes that many seconds before each timed op, as in a decode step,
+    where a collective follows compute rather than another message (gloo's threads have gone idle)."""
     fn = ring_all_reduce_p2p if op == "ring_all_reduce" else (lambda t: library_collective(op, t))
     out = []
     for nbytes in sizes:
@@ -96,6 +107,8 @@ def time_worker(rank: int, world: int, op: str, sizes: list[int], repeats: int) 
         times = []
         for _ in range(repeats):
             dist.barrier()
+            if after_compute:
+                _compute(after_compute)
             t0 = time.perf_counter()
             fn(x)
             times.append(time.perf_counter() - t0)

@@ -46,7 +46,7 @@ def overlap_worker(rank: int, world: int, microbatches: int, width: int, depth: 
     xs = [torch.randn(rows, width, generator=g) for _ in range(microbatches)]
     out = {}
     for mode in ("warm-up", *MODES):
-        events, pending = [], None
+        events, pending, waited = [], None, []
         dist.barrier()
         t_start = time.perf_counter()
         for i, x in enumerate(xs):
@@ -59,14 +59,30 @@ def overlap_worker(rank: int, world: int, microbatches: int, width: int, depth: 
                 events.append(("comm", i, t0, time.perf_counter()))
                 continue
             if pending is not None:
-                pending[0].wait()
-                events.append(("comm", i - 1, pending[1], time.perf_counter()))
-            pending = (dist.all_reduce(y, async_op=True), time.perf_counter())
+                events.append(_finish(*pending, waited))
+            pending = (i, time.perf_counter(), *_issue(y))
         if pending is not None:
-            pending[0].wait()
-            events.append(("comm", microbatches - 1, pending[1], time.perf_counter()))
-        out[mode] = {"seconds": time.perf_counter() - t_start, "events": events}
+            events.append(_finish(*pending, waited))
+        out[mode] = {"seconds": time.perf_counter() - t_start, "events": events, "waited": waited}
     return {m: out[m] for m in MODES}
+
+
+def _issue(y: torch.Tensor) -> tuple:
+    """Start an asynchronous all-reduce of y; (work, completion record) where the record receives the
+    time the collective completed (a callback on its future), not the time someone waited for it."""
+    work = dist.all_reduce(y, async_op=True)
+    done: list[float] = []
+    work.get_future().add_done_callback(lambda _f: done.append(time.perf_counter()))
+    return work, done
+
+
+def _finish(i: int, issued: float, work, done: list[float], waited: list[float]) -> tuple:
+    """Wait for micro-batch i's all-reduce; its comm event spans issue to completion (waited gets the
+    time wait() returned, for comparison)."""
+    work.wait()
+    work.get_future().wait()
+    waited.append(time.perf_counter())
+    return ("comm", i, issued, done[0] if done else waited[-1])
 
 
 def run_overlap(microbatches: int = 6, width: int = 256, depth: int = 8, rows: int = 256, world: int = 2,
@@ -81,5 +97,6 @@ def run_overlap(microbatches: int = 6, width: int = 256, depth: int = 8, rows: i
         events = runs[0][mode]["events"]
         t0 = min(e[2] for e in events)
         out[mode] = {"seconds": max(r[mode]["seconds"] for r in runs),
-                     "events": [(k, i, a - t0, b - t0) for k, i, a, b in events]}
+                     "events": [(k, i, a - t0, b - t0) for k, i, a, b in events],
+                     "waited": [t - t0 for t in runs[0][mode]["waited"]]}
     return out

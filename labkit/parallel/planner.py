@@ -8,8 +8,9 @@ ones say why. The model it applies, stated so it can be argued with:
     devices      tp (innermost, inside a node) x ep x pp make one replica; dp replicas fill the cluster
     weights      dense part / (tp pp) + routed experts / (tp pp ep) per device; uneven PP stages are
                  allowed and the largest stage (ceil(L / pp) layers) is the one that must fit
-    attention    data-parallel inside the EP group (DeepSeek-V3's layout): each of the ep ranks serves
-                 batch / ep sequences; KV split over min(tp, n_kv_heads) ranks (GQA replicates past that,
+    attention    data-parallel inside the EP group (DeepSeek-V3's layout): the batch's whole sequences
+                 are dealt over the ep ranks, so the busiest rank serves ceil(batch / ep) of them (and some
+                 ranks none when batch < ep; `Plan.notes` says so); KV split over min(tp, n_kv_heads) ranks (GQA replicates past that,
                  MLA's one latent is replicated over tp) and over pp
     memory       weights + KV cache + activations <= usable fraction (0.9) of the device's memory
     one step     one new token for every sequence; the stages run one after another (no micro-batches in
@@ -86,6 +87,9 @@ class Plan:
     time: dict = field(default_factory=dict)
     bound: str = ""
     """what limits one stage: "memory" (bytes read) or "compute" (FLOP)"""
+    notes: tuple = ()
+    """what the estimate rounded: uneven PP stages (the largest one counts), sequences dealt unevenly
+    over the EP ranks (the busiest one counts)"""
 
     @property
     def fits(self) -> bool:
@@ -142,9 +146,11 @@ def estimate(spec: ModelSpec, cl: Cluster, wl: Workload, tp: int, pp: int, ep: i
     if reason:
         return Plan(tp, pp, ep, dp, used, reason)
     dev = device(cl.device)
-    stage = math.ceil(spec.n_layers / pp) / spec.n_layers  # share of the layers in the largest stage
+    largest = math.ceil(spec.n_layers / pp)
+    stage = largest / spec.n_layers  # share of the layers in the largest stage
     dense, routed = weight_params(spec)
-    seqs = wl.batch / ep  # sequences per attention rank
+    seqs = math.ceil(wl.batch / ep)  # whole sequences on the busiest attention rank
+    notes = _notes(spec.n_layers, pp, largest, wl.batch, ep, seqs)
     kv_split = 1 if spec.is_mla else min(tp, spec.n_kv_heads)
     kv = seqs * wl.context * spec.kv_bytes_per_token(wl.kv_bytes) * stage / kv_split
     weights = (dense / tp + routed / (tp * ep)) * stage * wl.weight_bytes
@@ -152,7 +158,7 @@ def estimate(spec: ModelSpec, cl: Cluster, wl: Workload, tp: int, pp: int, ep: i
     memory = {"weights": weights, "kv_cache": kv, "activations": acts}
     if sum(memory.values()) > usable * dev.memory_bytes:
         return Plan(tp, pp, ep, dp, used, f"needs {sum(memory.values()) / 1e9:.0f} GB per device, more than "
-                    f"{usable:.0%} of {dev.memory_bytes / 1e9:.0f} GB", memory)
+                    f"{usable:.0%} of {dev.memory_bytes / 1e9:.0f} GB", memory, notes=notes)
     if spec.n_experts > 1:  # experts some token of the batch picked: 1 - (1 - k/E)^batch of them
         touched = 1 - (1 - spec.experts_per_token / spec.n_experts) ** wl.batch
     else:
@@ -169,7 +175,20 @@ def estimate(spec: ModelSpec, cl: Cluster, wl: Workload, tp: int, pp: int, ep: i
             "ep all-to-all": 2 * spec.moe_layers * (intra if tp * ep <= cl.per_node else inter).collective(
                 "all_to_all", hidden * spec.experts_per_token, ep),
             "pp send": (pp - 1) * (intra if tp * ep * pp <= cl.per_node else inter).send(hidden)}
-    return Plan(tp, pp, ep, dp, used, "", memory, time, bound)
+    return Plan(tp, pp, ep, dp, used, "", memory, time, bound, notes)
+
+
+def _notes(layers: int, pp: int, largest: int, batch: int, ep: int, seqs: int) -> tuple[str, ...]:
+    """The roundings `estimate` made, in words (empty when the split is even)."""
+    notes = []
+    if layers % pp:
+        smallest = layers // pp
+        notes.append(f"uneven PP stages: {layers} layers over {pp} stages are {layers % pp} of {largest} and "
+                     f"{pp - layers % pp} of {smallest}; the largest stage sets memory and time")
+    if batch % ep:
+        idle = f"; {ep - batch} ranks serve none" if batch < ep else ""
+        notes.append(f"{batch} sequences over EP={ep}: the busiest rank holds {seqs} whole sequence(s){idle}")
+    return tuple(notes)
 
 
 def plan(spec: ModelSpec | str, cluster: Cluster, workload: Workload = Workload(),
@@ -197,11 +216,20 @@ def best(spec: ModelSpec | str, cluster: Cluster, workload: Workload = Workload(
     """The best plan, or a ValueError naming why the nearest miss failed when none fits."""
     plans = plan(spec, cluster, workload, objective, usable)
     if not plans or not plans[0].fits:
-        memory = [p for p in plans if p.memory]
-        hint = min(memory, key=lambda p: sum(p.memory.values())) if memory else (plans[0] if plans else None)
+        hint = nearest_miss(plans)
         fail("cluster", cluster, "a cluster on which some layout fits"
              + (f" (closest: {hint}: {hint.reason})" if hint else ""))
     return plans[0]
+
+
+def nearest_miss(plans: list[Plan]) -> Plan | None:
+    """Of the rejected plans, the one that missed by least: the memory failure needing the fewest bytes per
+    device (all plans of one cluster share the device), else the first rejected one; None if none was."""
+    rejected = [p for p in plans if not p.fits]
+    memory = [p for p in rejected if p.memory]
+    if memory:
+        return min(memory, key=lambda p: sum(p.memory.values()))
+    return rejected[0] if rejected else None
 
 
 def tp_decode_seconds(spec: ModelSpec, dev: str, link: str, tp: int, weight_bytes: float = 2,

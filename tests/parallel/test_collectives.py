@@ -69,3 +69,9 @@ def test_bad_input_is_refused():
     assert_refused(lambda: c.all_to_all([torch.ones(2), torch.ones(2)], [[2, -1], [1, 1]]), ValueError,
                    "splits[0][1]", -1, ">= 0")
     assert_refused(lambda: c.bytes_sent_per_rank("broadcast", 1, 2), ValueError, "op", "broadcast", "one of")
+
+
+def test_all_to_all_refuses_mismatched_trailing_shapes():
+    bad = [torch.ones(2, 3), torch.ones(2, 4)]
+    assert_refused(lambda: c.all_to_all(bad), ValueError, "tensors", [(2, 3), (2, 4)], "agree past dim 0")
+    assert len(c.all_to_all([torch.ones(2, 3), torch.ones(4, 3)], [[1, 1], [2, 2]])) == 2  # rows may differ

@@ -58,5 +58,10 @@ def test_bad_input_is_refused_before_any_process_starts():
     assert not pool.running
 
 
+@pytest.mark.timeout(60)
 def test_shared_pool_is_one_per_size():
+    first = shared_pool(1)
+    pids = first.run(workers.pid)
+    again = shared_pool(1)
+    assert again is first and again.running and again.run(workers.pid) == pids  # the same processes, reused
     assert_refused(lambda: shared_pool(0), ValueError, "world", 0, "in [1,")

@@ -83,3 +83,12 @@ def test_bad_input_is_refused():
                    "positive")
     assert_refused(lambda: ex.expert_parallel_forward(X, {}, 2, 1.0, 2), TypeError, "params", [],
                    "a dict from make_experts")
+
+
+def test_route_and_moe_forward_refuse_bad_input():
+    router = PARAMS["router"]
+    assert_refused(lambda: ex.route(X, router, 0, 1.0), ValueError, "k", 0, "in [1, 4]")
+    assert_refused(lambda: ex.route(X, router, 2, -1.0), ValueError, "capacity_factor", -1.0, "positive")
+    assert_refused(lambda: ex.route(X[:, :8], router, 2, 1.0), ValueError, "x", (64, 8), "the router's")
+    assert_refused(lambda: ex.moe_forward(X, PARAMS, 2, 1.0, skew="high"), TypeError, "skew", "high", "number")
+    assert_refused(lambda: ex.moe_forward(X[:, :8], PARAMS, 2, 1.0), ValueError, "x", "[N, 8]", "d_model 16")

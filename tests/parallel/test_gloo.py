@@ -1,10 +1,12 @@
 """Real collectives on 2 and 4 gloo ranks equal the simulated ones and torch.distributed's own; the
 course's ring over point-to-point sends equals gloo's all_reduce; timing returns one time per size."""
+import multiprocessing
+
 import pytest
 import torch
 
+from labkit.parallel import Pool, gloo
 from labkit.parallel import collectives as c
-from labkit.parallel import gloo
 from tests.refusals import assert_refused
 
 
@@ -39,10 +41,18 @@ def test_time_worker_gives_a_time_per_size(pool2):
         assert times[0] == times[1] and len(times[0]) == 2 and all(t > 0 for t in times[0])
 
 
-def test_bad_input_is_refused_before_any_rank_starts(pool2):
+def test_time_worker_after_compute_gives_a_time_per_size(pool2):
+    times = pool2.run(gloo.time_worker, "all_reduce", [512], 2, 1e-4)
+    assert times[0] == times[1] and len(times[0]) == 1 and times[0][0] > 0
+
+
+def test_bad_input_is_refused_before_any_rank_starts():
+    pool2 = Pool(2)  # never started: a refusal must not start it
+    before = set(multiprocessing.active_children())
     assert_refused(lambda: gloo.real_collective(pool2, "all_to_all", [torch.ones(3), torch.ones(2)],
                                                 [[1, 1], [1, 1]]), ValueError, "splits[0]", [1, 1], "3 rows")
     assert_refused(lambda: gloo.real_collective(pool2, "all_reduce", [torch.ones(3)]), ValueError, "inputs", 1,
                    "2 tensors")
     assert_refused(lambda: gloo.real_collective(pool2, "gather", [torch.ones(3)] * 2), ValueError, "op",
                    "gather", "one of")
+    assert not pool2.running and set(multiprocessing.active_children()) == before

@@ -23,4 +23,10 @@ def test_both_modes_run(pool2):
         assert run[mode]["seconds"] > 0
     ev = {(k, i): (a, b) for k, i, a, b in run["overlapped"]["events"]}
     assert ev[("comm", 0)][0] <= ev[("compute", 1)][0]  # issued before the next compute starts
+    ends = [ev[("comm", i)][1] for i in range(3)]
+    waited = run["overlapped"]["waited"]
+    assert len(waited) == 3 and all(ev[("comm", i)][0] < end <= w for i, (end, w) in enumerate(zip(ends, waited)))
+    # the bar ends when the collective completed, which the next compute did not wait for: a bar ending only
+    # when wait() returned (after the next compute) would end after that compute on every micro-batch
+    assert any(ends[i] < ev[("compute", i + 1)][1] for i in range(2)) or ends[0] < waited[0]
     assert_refused(lambda: ov.run_overlap(microbatches=0), ValueError, "microbatches", 0, "positive")

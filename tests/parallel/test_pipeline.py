@@ -38,8 +38,9 @@ def test_pipelines_give_the_single_process_gradients(stages, tinylm, batch, pool
             [sorted([("F", i) for i in range(4)] + [("B", i) for i in range(4)])] * stages
         assert run.peak_in_flight == ([4] * stages if schedule == "gpipe" else [min(stages - s, 4) for s in range(stages)])
         assert 0 <= run.bubble < 1
-    _agree(pl.pipeline_step(tinylm, x, y, stages, 4, "1f1b" if stages == 2 else "gpipe", library=True, pool=pool),
-           loss, grads)
+    lib_run = pl.pipeline_step(tinylm, x, y, stages, 4, "1f1b" if stages == 2 else "gpipe", library=True, pool=pool)
+    _agree(lib_run, loss, grads)
+    assert_refused(lambda: lib_run.bubble, ValueError, "bubble", True, "the course's schedule")
 
 
 def test_split_layers():
@@ -54,6 +55,13 @@ def test_bad_input_is_refused(tinylm, batch):
                    "a divisor of the batch size 4")
     assert_refused(lambda: pl.pipeline_step(tinylm, x, y, 5, 2), ValueError, "stages", 5, "in [1, 4]")
     assert_refused(lambda: pl.pipeline_step(tinylm, x, y, 2, 2, "zb"), ValueError, "schedule", "zb", "one of")
+    bad = x.clone()
+    bad[0, 0] = tinylm.cfg.vocab_size
+    assert_refused(lambda: pl.pipeline_step(tinylm, bad, y, 2, 2), ValueError, "tokens",
+                   f"torch.int64 in [{int(bad.min())}, {tinylm.cfg.vocab_size}]", "token ids in [0, 255]")
+    long = torch.zeros(4, tinylm.cfg.max_seq_len + 1, dtype=torch.long)
+    assert_refused(lambda: pl.pipeline_step(tinylm, long, long, 2, 2), ValueError, "tokens",
+                   (4, tinylm.cfg.max_seq_len + 1), f"max_seq_len={tinylm.cfg.max_seq_len}")
 
 
 @pytest.mark.timeout(60)

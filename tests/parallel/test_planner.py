@@ -75,3 +75,33 @@ def test_tp_decode_seconds_by_hand():
     assert pl.tp_decode_seconds(spec, "h100-sxm", "nvlink4", 1) == pytest.approx(spec.active_params * 2 / 3.35e12)
     assert pl.tp_decode_seconds(model("tinylm"), "h100-sxm", "nvlink4", 2) > \
         pl.tp_decode_seconds(model("tinylm"), "h100-sxm", "nvlink4", 1)
+
+
+def test_sequences_are_whole_on_the_busiest_ep_rank():
+    spec, cl = model("deepseek-v3"), pl.Cluster(40)
+    one = pl.estimate(spec, cl, pl.Workload(batch=1, context=131072), 1, 1, 256)
+    per_sequence = 131072 * spec.kv_bytes_per_token(2)  # MLA: one latent per token, no TP split
+    assert one.memory["kv_cache"] == pytest.approx(per_sequence)
+    assert any("255 ranks serve none" in n for n in one.notes)
+    uneven = pl.estimate(spec, cl, pl.Workload(batch=10, context=4096), 1, 1, 4)
+    assert uneven.memory["kv_cache"] == pytest.approx(math.ceil(10 / 4) * 4096 * spec.kv_bytes_per_token(2))
+    assert any("busiest rank holds 3" in n for n in uneven.notes)
+    even = pl.estimate(spec, cl, pl.Workload(batch=8, context=4096), 1, 1, 4)
+    assert even.notes == () and even.memory["kv_cache"] == pytest.approx(2 * 4096 * spec.kv_bytes_per_token(2))
+
+
+def test_uneven_pp_stages_are_stated_and_the_largest_counts():
+    spec, cl, wl = model("deepseek-v3"), pl.Cluster(4), pl.Workload(batch=8, context=1024)
+    p4, p1 = pl.estimate(spec, cl, wl, 8, 4, 1), pl.estimate(spec, cl, wl, 8, 1, 1)
+    assert 61 % 4 and any("1 of 16 and 3 of 15" in n for n in p4.notes)
+    assert p4.memory["kv_cache"] == pytest.approx(p1.memory["kv_cache"] * 16 / 61)
+    assert not pl.estimate(model("llama-3.1-405b"), cl, wl, 8, 2, 1).notes  # 126 layers: even
+
+
+def test_nearest_miss_is_the_smallest_memory_excess():
+    plans = pl.plan("llama-3.1-405b", pl.Cluster(1, device="h200"), pl.Workload(batch=64, context=8192))
+    assert not any(p.fits for p in plans)
+    miss = pl.nearest_miss(plans)
+    assert miss.reason.startswith("needs ")
+    assert sum(miss.memory.values()) == min(sum(p.memory.values()) for p in plans if p.memory)
+    assert miss is not plans[0] and pl.nearest_miss([]) is None

@@ -33,3 +33,5 @@ def test_peak_in_flight(p, m):
 def test_bad_input_is_refused():
     assert_refused(lambda: s.bubble_fraction(0, 4), ValueError, "stages", 0, "a positive int")
     assert_refused(lambda: s.operations("zb", 2, 2), ValueError, "schedule", "zb", "one of")
+    assert_refused(lambda: s.simulate("gpipe", 2, 2, forward=-1.0), ValueError, "forward", -1.0, "positive")
+    assert_refused(lambda: s.simulate("1f1b", 2, 2, backward=-0.5), ValueError, "backward", -0.5, "positive")

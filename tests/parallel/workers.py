@@ -32,3 +32,8 @@ def threads(rank, world):
 def sleep(rank, world, seconds):
     import time
     time.sleep(seconds)
+
+
+def pid(rank, world):
+    """This rank's process id (to tell one pool's processes from another's)."""
+    return os.getpid()
