@@ -122,25 +122,34 @@ def check_splits(splits, n: int, rows: list[int] | None = None) -> list[list[int
     return out
 
 
+def check_all_to_all(tensors, splits=None, name: str = "tensors") -> tuple[list[torch.Tensor], list[list[int]]]:
+    """(tensors, splits) for an all_to_all over len(tensors) ranks, simulated or real: tensors of at least one
+    dimension whose shapes past dim 0 and dtypes agree (row counts may differ), and splits[i][j] rows from
+    rank i to rank j (even splits when None)."""
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
+        fail(name, type(tensors).__name__, "a non-empty list of tensors, one per rank", TypeError)
+    n = len(tensors)
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            fail(f"each of {name}", type(t).__name__, "a tensor with at least one dimension", TypeError)
+    rows = {(tuple(t.shape[1:]), t.dtype) for t in tensors}
+    if len(rows) > 1:
+        fail(name, [f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors],
+             "tensors whose shapes past dim 0 and dtypes agree (rows may differ)")
+    if splits is None:
+        for t in tensors:
+            if t.shape[0] % n:
+                fail(name, t.shape[0], f"row counts that divide by {n} ranks (or pass splits)")
+        splits = [[t.shape[0] // n] * n for t in tensors]
+    return list(tensors), check_splits(splits, n, [t.shape[0] for t in tensors])
+
+
 def all_to_all(tensors: list[torch.Tensor], splits=None) -> list[torch.Tensor]:
     """Simulated all_to_all_single along dim 0: rank i sends splits[i][j] rows to rank j (even splits by
     default); rank j receives its rows from ranks 0..N-1 in rank order. The receive matrix is splits.T.
     Tensors may have different row counts (uneven splits)."""
-    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
-        fail("tensors", type(tensors).__name__, "a non-empty list of tensors, one per rank", TypeError)
+    tensors, splits = check_all_to_all(tensors, splits)
     n = len(tensors)
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
-            fail("each of tensors", type(t).__name__, "a tensor with at least one dimension", TypeError)
-    rows = {tuple(t.shape[1:]) for t in tensors}
-    if len(rows) > 1:
-        fail("tensors", [tuple(t.shape) for t in tensors], "tensors whose shapes agree past dim 0 (rows may differ)")
-    if splits is None:
-        for t in tensors:
-            if t.shape[0] % n:
-                fail("tensors", t.shape[0], f"row counts that divide by {n} ranks (or pass splits)")
-        splits = [[t.shape[0] // n] * n for t in tensors]
-    splits = check_splits(splits, n, [t.shape[0] for t in tensors])
     pieces = [list(t.split(row)) for t, row in zip(tensors, splits)]  # pieces[i][j]: rank i -> rank j
     return [torch.cat([pieces[i][j] for i in range(n)]) for j in range(n)]
 

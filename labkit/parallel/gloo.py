@@ -13,8 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .._checks import check_choice, check_type, fail
-from .collectives import OPS, check_ranks, check_splits, ring_chunks, ring_schedule
+from .._checks import check_choice, fail
+from .collectives import OPS, check_all_to_all, check_ranks, ring_chunks, ring_schedule
 
 
 def ring_all_reduce_p2p(t: torch.Tensor) -> torch.Tensor:
@@ -123,18 +123,12 @@ def real_collective(pool, op: str, inputs: list[torch.Tensor], splits=None) -> l
     "ring": ...} result (see collective_worker). Refuses mismatched inputs or all-to-all splits before any
     rank starts."""
     check_choice("op", op, OPS)
+    if isinstance(inputs, (list, tuple)) and len(inputs) != pool.world:
+        fail("inputs", len(inputs), f"{pool.world} tensors (one per rank of the pool)")
     if op == "all_to_all":
-        if not isinstance(inputs, (list, tuple)) or len(inputs) != pool.world:
-            fail("inputs", type(inputs).__name__, f"a list of {pool.world} tensors, one per rank", TypeError)
-        for t in inputs:
-            check_type("each of inputs", t, torch.Tensor)
-        if splits is None:
-            splits = [[t.shape[0] // pool.world] * pool.world for t in inputs]
-        splits = check_splits(splits, pool.world, [t.shape[0] for t in inputs])
+        inputs, splits = check_all_to_all(inputs, splits, "inputs")
     else:
         inputs = check_ranks(inputs, "inputs")
-        if len(inputs) != pool.world:
-            fail("inputs", len(inputs), f"{pool.world} tensors (one per rank of the pool)")
-        if op == "reduce_scatter" and (inputs[0].dim() == 0 or inputs[0].shape[0] % pool.world):
-            fail("inputs", tuple(inputs[0].shape), f"tensors whose first dimension divides by {pool.world}")
+    if op == "reduce_scatter" and (inputs[0].dim() == 0 or inputs[0].shape[0] % pool.world):
+        fail("inputs", tuple(inputs[0].shape), f"tensors whose first dimension divides by {pool.world}")
     return pool.run(collective_worker, op, list(inputs), splits)

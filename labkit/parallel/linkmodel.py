@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_choice, check_positive, check_positive_int, fail
+from .._checks import check_choice, check_int, check_positive, check_positive_int, fail
 from ..specs import device
 from .collectives import OPS, bytes_sent_per_rank
 
@@ -76,6 +76,7 @@ class LinkModel:
 def fit(op: str, sizes, seconds, n: int, name: str = "fitted") -> LinkModel:
     """alpha and beta from measured `seconds` of `op` at each size (bytes) over n ranks: least squares on
     t = steps * alpha + sent / beta, each point weighted by 1/t so that 1 KB and 64 MB count alike."""
+    check_int("n", n, low=2, unit="ranks: one rank sends nothing, so there is no link to fit")
     sizes, seconds = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
     if sizes.ndim != 1 or sizes.shape != seconds.shape or sizes.size < 2:
         fail("sizes", sizes.tolist(), "a list of at least 2 sizes, one per measured time")

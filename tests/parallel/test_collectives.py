@@ -73,5 +73,9 @@ def test_bad_input_is_refused():
 
 def test_all_to_all_refuses_mismatched_trailing_shapes():
     bad = [torch.ones(2, 3), torch.ones(2, 4)]
-    assert_refused(lambda: c.all_to_all(bad), ValueError, "tensors", [(2, 3), (2, 4)], "agree past dim 0")
+    assert_refused(lambda: c.all_to_all(bad), ValueError, "tensors", ["(2, 3) float32", "(2, 4) float32"],
+                   "shapes past dim 0 and dtypes agree")
+    mixed = [torch.ones(2, 3), torch.ones(2, 3, dtype=torch.int64)]
+    assert_refused(lambda: c.all_to_all(mixed), ValueError, "tensors", ["(2, 3) float32", "(2, 3) int64"],
+                   "dtypes agree")
     assert len(c.all_to_all([torch.ones(2, 3), torch.ones(4, 3)], [[1, 1], [2, 2]])) == 2  # rows may differ

@@ -55,4 +55,8 @@ def test_bad_input_is_refused_before_any_rank_starts():
                    "2 tensors")
     assert_refused(lambda: gloo.real_collective(pool2, "gather", [torch.ones(3)] * 2), ValueError, "op",
                    "gather", "one of")
+    assert_refused(lambda: gloo.real_collective(pool2, "all_to_all", [torch.ones(2, 3), torch.ones(2, 4)]),
+                   ValueError, "inputs", ["(2, 3) float32", "(2, 4) float32"], "shapes past dim 0 and dtypes agree")
+    assert_refused(lambda: gloo.real_collective(pool2, "all_to_all", [torch.ones(2)] * 3), ValueError, "inputs", 3,
+                   "2 tensors")
     assert not pool2.running and set(multiprocessing.active_children()) == before

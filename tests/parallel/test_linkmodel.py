@@ -41,3 +41,5 @@ def test_bad_input_is_refused():
     assert_refused(lambda: lm.fit("all_reduce", [1, 2, 3], [3.0, 2.0, 1.0], 2), ValueError, "seconds", [3.0, 2.0, 1.0],
                    "grow with the size")
     assert_refused(lambda: lm.LinkModel(1e-6, 0), ValueError, "beta", 0, "positive")
+    assert_refused(lambda: lm.fit("all_reduce", [1e3, 2e3], [1e-3, 2e-3], 1), ValueError, "n", 1,
+                   "one rank sends nothing")
