@@ -79,9 +79,14 @@ def _worker(rank: int, world: int, port: int, timeout: float, threads: int, inbo
     except BaseException as e:  # noqa: BLE001: report anything to the parent
         outbox.put(("error", rank, 0, pickle.dumps((type(e).__name__, str(e), traceback.format_exc()))))
         return
+    parent = os.getppid()
     while True:
         try:
-            task = inbox.get()
+            task = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the parent died (even by SIGKILL): no rank outlives it
+                return
+            continue
         except KeyboardInterrupt:  # the kernel was interrupted or shut down: leave quietly
             return
         if task is None:

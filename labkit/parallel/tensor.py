@@ -83,12 +83,11 @@ class ShardedTinyLM(nn.Module):
         dist.all_reduce(x)
         return x
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Full logits [B, T, vocab] (the same on every rank) for tokens [B, T], continuing `cache` (built
-        with shard_config) when given."""
+    def forward(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
+        """Full logits [B, T, vocab] (the same on every rank) for tokens [B, T], continuing `cache` (a KVCache
+        built with shard_config, or a BatchedCache over this rank's KV heads: the serving lab) when given."""
         m, (B, T) = self.local, tokens.shape
-        start = 0 if cache is None else cache.length
-        cos, sin = m.rope_cos[start:start + T], m.rope_sin[start:start + T]
+        cos, sin, start = m.rope(tokens, cache)
         local = tokens - self.vocab_start
         mine = (local >= 0) & (local < m.tok_emb.weight.shape[0])
         x = self._all_reduce(m.tok_emb(local.clamp(0, m.tok_emb.weight.shape[0] - 1)) * mine[..., None])

@@ -2,7 +2,7 @@
 the KV-cache contract, generation, the corpus and tokenizer, checkpoints, training, evaluation and decode
 traces (notebook 00; every later lab builds on it). Bottom layer: imports only labkit's own helpers."""
 
-from .cache import Cache, KVCache
+from .cache import BatchedCache, Cache, KVCache
 from .checkpoint import CHECKPOINT, CheckpointError, load_pretrained, save_checkpoint
 from .config import (LAYER_TYPES, TP_STYLES, LinearLayer, TinyLMConfig, iter_linears, layer_type, linear_layers,
                      check_tinylm, param_counts, random_config)
@@ -14,7 +14,7 @@ from .model import TinyLM
 from .tokenizer import ByteTokenizer
 from .traces import Event, record_decode_trace
 
-__all__ = ["Cache", "KVCache", "CHECKPOINT", "CheckpointError", "load_pretrained", "save_checkpoint", "LAYER_TYPES",
+__all__ = ["BatchedCache", "Cache", "KVCache", "CHECKPOINT", "CheckpointError", "load_pretrained", "save_checkpoint", "LAYER_TYPES",
            "TP_STYLES", "LinearLayer", "TinyLMConfig", "iter_linears", "layer_type", "linear_layers", "param_counts",
            "random_config", "check_tinylm", "check_prompt", "TASK_KINDS", "Task", "corpus", "make_tasks", "accuracy_gap", "perplexity", "task_accuracy",
            "task_correct", "generate", "sample", "TinyLM", "ByteTokenizer", "Event", "record_decode_trace"]

@@ -8,6 +8,9 @@
 Attention never touches a cache's storage: whatever the cache keeps (one preallocated tensor, a pool of
 blocks, quantized codes), `update` stores the new keys and values and returns every key and value the
 new tokens attend to, in position order, in the dtype of k_new.
+
+A BatchedCache (lab 06) packs many sequences into one forward: TinyLM then takes each token's position from
+the cache and hands attention itself to the cache.
 """
 
 from __future__ import annotations
@@ -38,6 +41,28 @@ class Cache(Protocol):
 
     def advance(self, n_tokens: int) -> None:
         """Mark n_tokens more positions as cached, after every layer's update."""
+
+
+@runtime_checkable
+class BatchedCache(Protocol):
+    """A cache that runs attention itself, for a forward that packs several sequences of different lengths into
+    one row (the serving lab's paged batch, labkit.serving.batch; vLLM's attention backends play this part).
+
+        tokens [1, N]: sequence a's new tokens, then b's, ...   positions(N) -> int64 [N], each token's position
+        per layer:  out = cache.attend(layer, q, k, v)   q [1, n_heads, N, head_dim], k, v [1, n_kv_heads, N,
+                    head_dim] (rotary positions applied) -> [1, n_heads, N, head_dim]: the cache stores k, v
+                    and lets each token attend to its own sequence's positions <= its own
+        then once:  cache.advance(N)
+    """
+
+    def positions(self, n_tokens: int) -> torch.Tensor:
+        """int64 [n_tokens]: the position of each packed token within its own sequence."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store k, v; return attention of every packed query over its own sequence, [1, n_heads, N, head_dim]."""
+
+    def advance(self, n_tokens: int) -> None:
+        """The forward over n_tokens packed tokens is done."""
 
 
 class KVCache:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .cache import Cache
+from .cache import BatchedCache, Cache
 from .config import TinyLMConfig
 from .generate import generate
 
@@ -62,6 +62,8 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if isinstance(cache, BatchedCache):  # packed sequences: the cache stores k, v and attends per sequence
+            return self.wo(cache.attend(layer, q, k, v).transpose(1, 2).reshape(B, T, -1))
         if cache is not None:
             k, v = cache.update(layer, k, v)  # every cached position and the new ones: [B, Hkv, start + T, hd]
         group = self.n_heads // self.n_kv_heads  # query heads per key/value head
@@ -127,35 +129,50 @@ class TinyLM(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] for tokens [B, T]. With a cache (anything that implements
         labkit.tinylm.cache.Cache), the tokens continue the cached sequence at positions cache.length ...,
-        and their keys and values are handed to the cache."""
+        and their keys and values are handed to the cache. With a BatchedCache, tokens [1, N] pack several
+        sequences (each token at the position the cache gives it) and the cache runs attention."""
         if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long:
             raise TypeError(f"tokens must be a 2-D int64 tensor [batch, time], got "
                             f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')}")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be a 2-D int64 tensor [batch, time], got shape {tuple(tokens.shape)}")
-        if cache is not None and not isinstance(cache, Cache):
+        if cache is not None and not isinstance(cache, (Cache, BatchedCache)):
             raise TypeError(f"cache must implement labkit.tinylm.cache.Cache (length, max_len, update, advance) "
-                            f"or be None, got {type(cache).__name__}")
+                            f"or BatchedCache (positions, attend, advance), or be None, got {type(cache).__name__}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        cos, sin, start = self.rope(tokens, cache)
+        if isinstance(cache, Cache) and getattr(cache, "cfg", self.cfg) != self.cfg:
+            raise ValueError("cache was built for another config; build it with KVCache(model.cfg, ...)")
+        if isinstance(cache, Cache) and getattr(cache, "batch_size", tokens.shape[0]) != tokens.shape[0]:
+            raise ValueError(f"tokens batch size {tokens.shape[0]} does not match the cache's batch size "
+                             f"{cache.batch_size}")
+        x = self.tok_emb(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, start)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        return self.lm_head(self.norm(x))
+
+    def rope(self, tokens: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(cos, sin, start) for tokens [B, T] continuing `cache`: the rotary tables at positions start ..
+        start + T - 1, or at each packed token's own position for a BatchedCache (start 0 then). Checks that
+        the positions fit the context (forward checks the rest). Used by forward and by tensor-parallel shards
+        (labkit.parallel), whose caches hold a shard's heads."""
         B, T = tokens.shape
+        if isinstance(cache, BatchedCache):
+            pos = cache.positions(T)
+            if B != 1 or T < 1 or pos.shape != (T,) or pos.min() < 0 or pos.max() >= self.cfg.max_seq_len:
+                raise ValueError(f"a packed batch must be tokens [1, N] with positions in [0, "
+                                 f"{self.cfg.max_seq_len}) (the model's context), got tokens {tuple(tokens.shape)}")
+            return self.rope_cos[pos], self.rope_sin[pos], 0
         start = 0 if cache is None else cache.length
         limit = self.cfg.max_seq_len if cache is None else min(cache.max_len, self.cfg.max_seq_len)
         if B < 1 or T < 1 or start + T > limit:
             raise ValueError(f"sequence length {start + T} (cached {start} + new {T}, batch {B}) must be in "
                              f"[1, {limit}] (the model's context is {self.cfg.max_seq_len} tokens)")
-        if cache is not None and getattr(cache, "cfg", self.cfg) != self.cfg:
-            raise ValueError("cache was built for another config; build it with KVCache(model.cfg, ...)")
-        if cache is not None and getattr(cache, "batch_size", B) != B:
-            raise ValueError(f"tokens batch size {B} does not match the cache's batch size {cache.batch_size}")
-        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        x = self.tok_emb(tokens)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, start)
-        if cache is not None:
-            cache.advance(T)
-        return self.lm_head(self.norm(x))
+        return self.rope_cos[start:start + T], self.rope_sin[start:start + T], start
 
     def generate(self, prompt, max_new_tokens: int, **kw) -> list[int]:
         """labkit.tinylm.generate.generate(self, ...): new token ids after `prompt`."""

@@ -143,3 +143,58 @@ def test_a_cache_that_would_truncate_or_misplace_keys_is_refused():
     with pytest.raises(TypeError, match="v must be a float tensor"):
         cache.update(0, k, k.long())
     assert cache.length == 0 and cache.update(0, k, k)[0].shape == (1, cfg.n_kv_heads, 1, cfg.head_dim)
+
+
+class ListBatch:
+    """The simplest BatchedCache: each sequence's keys and values in a plain tensor per layer, attention by an
+    explicit softmax per sequence (independent of labkit.serving's paged implementation)."""
+
+    def __init__(self, cfg, seqs):
+        self.cfg, self.seqs = cfg, seqs  # [(seq_id, start, n)] in packed order
+        self.kv: dict = {}
+
+    def positions(self, n_tokens):
+        return torch.cat([torch.arange(a, a + n) for _, a, n in self.seqs])
+
+    def attend(self, layer, q, k, v):
+        out, i = torch.empty_like(q), 0
+        group = self.cfg.n_heads // self.cfg.n_kv_heads
+        for sid, start, n in self.seqs:
+            ks, vs = self.kv.get((sid, layer), (k[0, :, :0], v[0, :, :0]))
+            ks, vs = torch.cat([ks, k[0, :, i:i + n]], 1), torch.cat([vs, v[0, :, i:i + n]], 1)  # [Hkv, start+n, hd]
+            self.kv[(sid, layer)] = (ks, vs)
+            scores = q[0, :, i:i + n] @ ks.repeat_interleave(group, 0).transpose(1, 2) / ks.shape[-1] ** 0.5
+            visible = torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None]  # [n, start+n]
+            weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+            out[0, :, i:i + n] = weights @ vs.repeat_interleave(group, 0)
+            i += n
+        return out
+
+    def advance(self, n_tokens):
+        pass
+
+
+def test_a_packed_batch_equals_each_sequence_alone(pretrained):
+    """TinyLM's BatchedCache path: two sequences prefilled in one packed row, then decoded together with a
+    third, give each the logits of its own uncached forward."""
+    model, _ = pretrained
+    a, b, c = [5, 6, 7, 8, 9], [40, 41, 42], [70, 71, 72, 73]
+    assert isinstance(ListBatch(model.cfg, []), lm.BatchedCache)
+    cache = ListBatch(model.cfg, [("a", 0, 4), ("b", 0, 3)])
+    with torch.no_grad():
+        packed = model(torch.tensor([a[:4] + b]), cache)[0]
+        assert torch.allclose(packed[3], model(torch.tensor([a[:4]]))[0, -1], atol=1e-4)
+        assert torch.allclose(packed[6], model(torch.tensor([b]))[0, -1], atol=1e-4)
+        cache.seqs = [("a", 4, 1), ("c", 0, 4)]
+        packed = model(torch.tensor([a[4:] + c]), cache)[0]
+        assert torch.allclose(packed[0], model(torch.tensor([a]))[0, -1], atol=1e-4)
+        assert torch.allclose(packed[4], model(torch.tensor([c]))[0, -1], atol=1e-4)
+
+
+def test_a_packed_batch_must_be_one_row_within_the_context(pretrained):
+    model, _ = pretrained
+    cache = ListBatch(model.cfg, [("a", model.cfg.max_seq_len - 1, 2)])
+    with pytest.raises(ValueError, match="a packed batch must be tokens \\[1, N\\] with positions in"):
+        model(torch.tensor([[1, 2]]), cache)
+    with pytest.raises(ValueError, match="a packed batch must be tokens"):
+        model(torch.tensor([[1], [2]]), ListBatch(model.cfg, [("a", 0, 1)]))

@@ -1,0 +1,45 @@
+"""Lab 06, serving (notebook 06): sampling, continuous batching on the paged KV cache, preemption, load and
+metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --model data/tinylm --port 8000`).
+
+    sampling   SamplingParams; temperature, top-k, top-p, min-p in one documented order
+    sequence   Sequence: one request's tokens, state and timestamps
+    scheduler  waiting / running / swapped queues; static, continuous and chunked-prefill policies;
+               preemption by recompute or swap; priorities with a starvation bound
+    batch      StepInput (one step, packed) and PagedBatch (attention per sequence over the paged pool)
+    runner     ModelRunner: the model, its KV pools and host swap space
+    engine     Engine: add_request / step / abort; offline replays of a trace on a measured or modelled clock
+    workload   Poisson / gamma arrivals and request traces from the course's tasks
+    metrics    TTFT, TPOT, ITL, end-to-end latency, throughput and goodput (vLLM's benchmark definitions)
+    tp         TPRunner / tp_engine: the model over tensor-parallel gloo ranks (lab 04's Pool)
+    detokenize TextDecoder: incremental UTF-8 text and OpenAI stop strings
+    protocol   OpenAI's request and response bodies, the chat template, APIError
+    stream     RequestStream, Chunk: one request's output as an asyncio stream of text
+    service    Service: one engine on one thread behind those streams
+    api        make_app (FastAPI: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics),
+               ServerThread (uvicorn in a thread); `python -m labkit.serving` starts it all
+    launch     start_service / ServiceProcess: that command as a child process, healthy or an error
+    explore    the plots and the scheduler widget;  exercises   the notebook's exercises
+"""
+
+from . import (api, batch, detokenize, engine, exercises, explore, launch, metrics, protocol, runner, sampling,
+               scheduler, sequence, service, stream, tp, workload)
+from .api import ServerThread, make_app
+from .detokenize import TextDecoder
+from .batch import PagedBatch, StepInput
+from .engine import Engine, StepCost, StepOutput
+from .metrics import Record, request_metrics, summarize
+from .protocol import APIError
+from .runner import ModelRunner
+from .sampling import SamplingParams, make_generator, probabilities, sample, sample_batch
+from .scheduler import POLICIES, PREEMPTION_MODES, Scheduler
+from .sequence import Sequence, Status
+from .service import Service, ServiceUnavailable
+from .tp import TPRunner, tp_engine
+from .workload import TraceRequest, arrival_times, make_trace
+
+__all__ = ["api", "batch", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "protocol", "runner",
+           "sampling", "scheduler", "sequence", "service", "stream", "tp", "workload", "ServerThread", "make_app", "TextDecoder",
+           "PagedBatch", "StepInput", "Engine", "StepCost", "StepOutput", "Record", "request_metrics", "summarize",
+           "APIError", "ModelRunner", "SamplingParams", "make_generator", "probabilities", "sample", "sample_batch",
+           "POLICIES", "PREEMPTION_MODES", "Scheduler", "Sequence", "Status", "Service", "ServiceUnavailable",
+           "TPRunner", "tp_engine", "TraceRequest", "arrival_times", "make_trace"]

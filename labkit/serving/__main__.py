@@ -1,0 +1,143 @@
+"""`python -m labkit.serving --model PATH --tp N --port P`: serve TinyLM over the OpenAI API with one command
+(notebook 06, section 7 starts it as a subprocess).
+
+    python -m labkit.serving --model data/tinylm --port 8000            # then: curl localhost:8000/health
+    python -m labkit.serving --model data/tinylm.safetensors --port 0   # port 0: a free port, printed
+
+The HTTP server listens first and the model loads behind it (/health answers 503 until a one-token forward
+succeeded), then one line goes to stdout: "serving <model> on http://HOST:PORT/v1". SIGTERM or SIGINT stops
+it cleanly (exit code 0). A missing checkpoint or a bad option exits with code 2 and a message; a checkpoint
+that fails to load, or an engine that fails while serving, exits with code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from ..parallel import tensor
+from ..tinylm import TinyLMConfig, load_pretrained
+from .api import ServerThread, make_app
+from .scheduler import POLICIES, PREEMPTION_MODES
+from .service import Service
+
+
+def checkpoint_stem(path: str) -> Path | None:
+    """The checkpoint's path without suffix (what load_pretrained takes) for `path` given as the stem, the
+    .safetensors or the .json file, or a folder holding one checkpoint; None when there is none."""
+    p = Path(path)
+    if p.is_dir():
+        stems = sorted({f.with_suffix("") for f in p.glob("*.safetensors") if f.with_suffix(".json").is_file()})
+        return stems[0].resolve() if len(stems) == 1 else None
+    stem = p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
+    found = stem.with_suffix(".safetensors").is_file() and stem.with_suffix(".json").is_file()
+    return stem.resolve() if found else None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {value}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m labkit.serving", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="TinyLM checkpoint: data/tinylm, or its .safetensors / .json")
+    parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree: model processes over gloo (a divisor of the heads)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
+    parser.add_argument("--num-blocks", type=_positive, default=None,
+                        help="KV-cache blocks in the pool (default: max-num-seqs full contexts)")
+    parser.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block (a power of two)")
+    parser.add_argument("--max-num-seqs", type=_positive, default=32, help="requests in the running batch at most")
+    parser.add_argument("--policy", choices=POLICIES, default="continuous", help="batching policy")
+    parser.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute", help="when KV blocks run out")
+    parser.add_argument("--threads", type=_positive, default=max(1, (os.cpu_count() or 1) - 1),
+                        help="torch threads for the model (default: the cores but one, left to the HTTP server and "
+                             "the clients: on 2 cores, 1 thread serves faster under load, benchmarks/RESULTS.md)")
+    parser.add_argument("--stream-interval", type=_positive, default=1,
+                        help="tokens per streamed chunk at least (SGLang's option: fewer events, coarser streaming)")
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in [0, 65535], got {args.port}")
+    args.stem = checkpoint_stem(args.model)
+    if args.stem is None:
+        parser.error(f"--model {args.model}: no TinyLM checkpoint there (expected PATH.safetensors and PATH.json, "
+                     f"e.g. data/tinylm); rebuild it with `python -m labkit.tinylm.train`")
+    if args.block_size & (args.block_size - 1):
+        parser.error(f"--block-size must be a power of two, got {args.block_size}")
+    try:  # the config is small: check --tp against it here (exit 2), before the HTTP server starts
+        cfg = TinyLMConfig.from_dict(json.loads(args.stem.with_suffix(".json").read_text())["config"])
+        tensor.check_tp(cfg, args.tp)
+    except ValueError as e:
+        parser.error(f"--tp {args.tp}: {e}")
+    except (OSError, KeyError, TypeError):
+        pass  # an unreadable config: load_pretrained says why (exit 1)
+    args.name = args.served_model_name or args.stem.name
+    return args
+
+
+def engine_loader(args: argparse.Namespace):
+    """A function that builds (on the service's engine thread) the Engine the options describe."""
+    options = dict(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                   policy=args.policy, preemption=args.preemption, history_limit=1000)
+
+    def load():
+        model, _ = load_pretrained(args.stem)
+        if args.tp > 1:  # the model over tp gloo processes (imported only when asked for)
+            from .tp import tp_engine
+            return tp_engine(model, args.tp, **options)
+        from .engine import Engine
+        return Engine(model, **options)
+    return load
+
+
+def close_engine(engine) -> None:
+    """Stop a TP engine's rank processes (a one-process engine has nothing to close)."""
+    close = getattr(engine.runner, "close", None)
+    if close is not None:
+        close()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    service = Service(engine_loader(args), close=close_engine, stream_interval=args.stream_interval)
+    try:
+        server = ServerThread(make_app(service, args.name), args.host, args.port, args.log_level)
+    except OSError as e:
+        print(f"cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()  # listening before the model loads: /health says 503 meanwhile
+    service.start()
+    print(f"serving {args.name} on {server.url}/v1", flush=True)
+    code = 0
+    while not stop.wait(0.2):
+        if service.state == "failed":
+            print(f"the service failed: {service.error}", file=sys.stderr)
+            code = 1
+            break
+    server.stop()
+    service.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

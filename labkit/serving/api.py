@@ -1,0 +1,270 @@
+"""The OpenAI-compatible HTTP API over a Service, on FastAPI and uvicorn as vLLM does it (notebook 06, section 6;
+`python -m labkit.serving` starts it, the notebook calls it with the `openai` package).
+
+    GET  /health                503 {"status": "loading" | "failed", ...} until warmup succeeded, then 200
+    GET  /v1/models             the one model (its id is the served model name); /v1/models/{id} too
+    POST /v1/completions        prompt (a string) -> text; "stream": true sends server-sent events
+    POST /v1/chat/completions   messages -> the chat template (protocol.py) -> the assistant's message
+    GET  /metrics               Prometheus text: running, waiting, swapped, KV usage, prefix cache, preemptions,
+                                requests and tokens (names "labkit:...", as vLLM's "vllm:...")
+
+Streams are OpenAI's: `data: {chunk json}` events, a usage chunk (choices []) when stream_options.include_usage,
+then `data: [DONE]` sent raw. Every error is OpenAI's body (protocol.APIError) with a 4xx (bad input, FastAPI's
+own validation errors included) or 503 (not ready); anything unexpected is a 500 with that body and no
+traceback, and an error after a stream started goes out in-band as a `data: {"error": ...}` event. A client
+that disconnects mid-stream cancels its stream's generator, which aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from .._checks import check_int, check_number, check_type, fail
+from ..kv_cache import LargerThanPoolError
+from .protocol import APIError, Reply, parse_body, parse_request, refusal, sse
+from .service import Service, ServiceUnavailable
+
+log = logging.getLogger("labkit.serving")
+
+# name (after "labkit:"), type, key in Service.stats(), help
+METRICS = [line.split(None, 3) for line in """
+num_requests_running        gauge    running               Requests in the running batch.
+num_requests_waiting        gauge    waiting               Requests waiting to be scheduled.
+num_requests_swapped        gauge    swapped               Requests preempted by swap (their KV blocks on the host).
+kv_cache_usage_perc         gauge    kv_usage              Fraction of the KV-cache blocks in use (0 to 1).
+kv_cache_blocks_used        gauge    kv_blocks_used        KV-cache blocks in use.
+kv_cache_blocks_total       gauge    kv_blocks_total       KV-cache blocks in the pool.
+prefix_cache_queries_total  counter  prefix_cache_queries  Prompt tokens looked up in the prefix cache.
+prefix_cache_hits_total     counter  prefix_cache_hits     Prompt tokens found in the prefix cache.
+num_preemptions_total       counter  preemptions           Preemptions (recompute or swap).
+engine_steps_total          counter  steps                 Engine steps (one batched forward each).
+requests_total              counter  admitted              Requests admitted.
+prompt_tokens_total         counter  prompt_tokens         Prompt tokens of admitted requests.
+generation_tokens_total     counter  generation_tokens     Output tokens delivered to clients.
+""".strip().splitlines()]
+FINISHED = ("stop", "length", "abort", "error")
+
+
+MAX_BODY_BYTES = 1_000_000
+"""Largest request body (bytes): TinyLM's context is 256 tokens; a bigger body gets a 413 before it is parsed."""
+DISCONNECT_POLL_S = 0.1
+"""How often a non-streaming request checks that its client is still connected (seconds)."""
+
+
+def _sample(value) -> str:
+    """A sample value, exact: ints as ints (a counter past 10**6 keeps every digit), floats by repr."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else repr(float(value))
+
+
+def prometheus_text(stats: dict, model_name: str) -> str:
+    """Service.stats() in Prometheus' text format (version 0.0.4): # HELP and # TYPE, then `name{labels} value`."""
+    escaped = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # the format's escapes
+    label = f'model_name="{escaped}"'
+    lines = []
+    for short, kind, key, text in METRICS:
+        name = f"labkit:{short}"
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {_sample(stats.get(key, 0))}"]
+    name = "labkit:request_success_total"
+    lines += [f"# HELP {name} Requests finished, by finish reason.", f"# TYPE {name} counter"]
+    lines += [f'{name}{{{label},finished_reason="{r}"}} {_sample(stats.get("finished_" + r, 0))}' for r in FINISHED]
+    return "\n".join(lines) + "\n"
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def _internal(message: str = "internal server error") -> APIError:
+    return APIError(500, message, type="server_error", code="internal_error")
+
+
+class _CatchAll:
+    """ASGI middleware: an unexpected exception becomes a 500 with OpenAI's body (the traceback goes to the log,
+    never to the client); the server keeps serving."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        started = False
+
+        async def watch(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:  # noqa: BLE001 - the point of this middleware
+            log.exception("unexpected error serving %s", scope.get("path"))
+            if scope["type"] == "http" and not started:
+                await _error_response(_internal())(scope, receive, send)
+
+
+async def _submit(service: Service, req):
+    try:
+        return await service.submit(req.prompt, req.params, req.stop)
+    except ServiceUnavailable as e:
+        raise APIError(503, str(e), type="service_unavailable_error", code="model_not_ready") from None
+    except LargerThanPoolError as e:
+        raise APIError(400, f"the request does not fit in the KV cache: {e}", None, "request_too_large") from None
+    except (ValueError, TypeError) as e:
+        raise refusal(e) from None
+
+
+async def _events(stream, reply: Reply, req):
+    """The server-sent events of one streamed request; closing it (the client went away) aborts the request."""
+    usage = req.include_usage
+    try:
+        if reply.kind == "chat":
+            yield sse(reply.chunk("", first=True, with_usage=usage))
+        async for chunk in stream:
+            if chunk.text or chunk.finish_reason:
+                yield sse(reply.chunk(chunk.text, chunk.finish_reason, with_usage=usage))
+            if chunk.error:
+                yield sse(_internal(chunk.error).body())
+        if usage and stream.finish_reason:
+            yield sse(reply.usage_chunk(Reply.usage(stream.num_prompt_tokens, stream.num_output_tokens)))
+    except Exception:  # noqa: BLE001 - headers are gone: report in-band, never a traceback
+        log.exception("unexpected error in a stream")
+        yield sse(_internal().body())
+    finally:
+        stream.abort()  # a no-op when it finished; frees its blocks when the client left early
+    yield sse("[DONE]")
+
+
+def make_app(service: Service, model_name: str = "tinylm") -> FastAPI:
+    """The FastAPI app serving `service` under the model id `model_name`."""
+    check_type("service", service, Service, "a labkit.serving.Service")
+    if not check_type("model_name", model_name, str, "a non-empty str (the model id clients send)"):
+        fail("model_name", model_name, "a non-empty str (the model id clients send)")
+    app = FastAPI(title="labkit serving", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_CatchAll)
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc: RequestValidationError):
+        first = (exc.errors() or [{}])[0]
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error_response(APIError(400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param,
+                                        "invalid_value"))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                        code=code))
+
+    @app.get("/health")
+    async def health():
+        status = 200 if service.state == "ready" else 503
+        body = {"status": service.state, **({"error": service.error} if service.error else {})}
+        return JSONResponse(body, status_code=status)
+
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "labkit"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist; this server serves {model_name!r}",
+                           "model", "model_not_found")
+        return model_card()
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(prometheus_text(service.stats(), model_name),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def generate(request: Request, kind: str):
+        declared = request.headers.get("content-length", "")
+        size = int(declared) if declared.isdigit() else len(await request.body())
+        if size > MAX_BODY_BYTES:  # refused before it is read or parsed
+            raise APIError(413, f"the request body must be at most {MAX_BODY_BYTES} bytes, got {size}",
+                           code="request_too_large")
+        req = parse_request(parse_body(await request.body()), kind, model_name)
+        stream = await _submit(service, req)
+        reply = Reply(kind, model_name)
+        if req.stream:
+            return StreamingResponse(_events(stream, reply, req), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        collect = asyncio.ensure_future(stream.collect())
+        try:
+            while not (await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S))[0]:
+                if await request.is_disconnected():  # a non-streaming client that left is aborted too
+                    collect.cancel()
+                    return PlainTextResponse("", status_code=499)
+            out = collect.result()
+        finally:
+            stream.abort()  # the client left or the handler was cancelled: drop the request (no-op when done)
+        if out.error:
+            raise _internal(out.error)
+        return reply.full(out.text, out.finish_reason, Reply.usage(stream.num_prompt_tokens, out.num_tokens))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, "chat")
+
+    return app
+
+
+class ServerThread:
+    """uvicorn serving `app` from a background thread on a socket bound at construction (port 0: a free one,
+    read `.port`). Used by `python -m labkit.serving`, the tests and the notebook. No signal handling here:
+    the owner decides when to stop()."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        check_int("port", port, 0, 65535)
+        self.host = check_type("host", host, str, "a host name or address (str)")
+        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.port = self.socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                        name="labkit-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ServerThread":
+        """Start serving; returns once uvicorn is listening (RuntimeError if it did not start in `timeout` s)."""
+        deadline = time.monotonic() + check_number("timeout", timeout, low=0.0, unit="seconds")
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop accepting, let running requests end (5 s grace), and join the thread."""
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(check_number("timeout", timeout, low=0.0, unit="seconds"))
+        self.socket.close()

@@ -1,0 +1,128 @@
+"""One engine step as the model sees it: several sequences of different lengths packed into one forward over
+the paged KV pool (notebook 06, section 2). The engine side (scheduler, block manager) writes a StepInput; the
+model side (labkit.serving.runner, one per tensor-parallel rank) runs TinyLM on it through a PagedBatch, the
+BatchedCache that stores each new key and value in its slot and runs attention per sequence.
+
+    sequences        a (decode)   b (prefill chunk of 3)   c (decode)
+    tokens  [N=5]    a7          b0 b1 b2                  c40          one row: the linear layers see 5 tokens
+    positions        7           0  1  2                   40
+    slots            slot of each token's position through its sequence's block table
+    query_lens       1           3                         1
+    context_lens     8           3                         41           positions each one attends to
+
+Attention: every decode row (query length 1) in one scaled_dot_product_attention call over its gathered keys,
+padded to the longest context and masked; each prefill chunk in its own causal call (a chunk after cached
+tokens sees them all). The pool is never read through another sequence's block table, so no request can see
+another's keys and values (shared prefix blocks hold identical tokens by construction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .._checks import fail
+
+Pools = tuple[torch.Tensor, torch.Tensor]  # k, v: [n_layers, n_kv_heads, num_blocks * block_size, head_dim]
+
+
+@dataclass
+class StepInput:
+    """Everything a rank needs for one forward (picklable: it travels to tensor-parallel ranks).
+
+    tokens, positions, slots: int64 [N]; query_lens, context_lens, block_tables: one entry per sequence, in the
+    order of the packed tokens; sample_rows: the sequences (indices) whose last token's logits are wanted.
+    swap_out: (key, blocks) to copy to host memory before anything is written; drop: keys whose host copy is
+    no longer needed (aborted); copies: copy-on-write block copies (src, dst); swap_in: (key, first, blocks):
+    host blocks first, first + 1, ... of key go back into `blocks` (the ones before `first` were prefix hits)."""
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    sample_rows: list[int]
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    swap_out: list[tuple[str, list[int]]] = field(default_factory=list)
+    swap_in: list[tuple[str, int, list[int]]] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    def logit_rows(self) -> torch.Tensor:
+        """int64 indices into the packed tokens: the last token of each sequence in sample_rows."""
+        ends = torch.tensor(self.query_lens).cumsum(0) - 1
+        return ends[self.sample_rows]
+
+
+def slot_table(block_tables: list[list[int]], lengths: list[int], block_size: int) -> torch.Tensor:
+    """int64 [n_seqs, max(lengths)]: slot of each position of each sequence, padded with slot 0 (masked)."""
+    width = max(lengths)
+    table = torch.zeros(len(lengths), -(-width // block_size), dtype=torch.long)  # [S, blocks]
+    for i, (blocks, n) in enumerate(zip(block_tables, lengths)):
+        used = blocks[:-(-n // block_size)]
+        table[i, :len(used)] = torch.tensor(used, dtype=torch.long)
+    slots = (table[:, :, None] * block_size + torch.arange(block_size)).reshape(len(lengths), -1)  # [S, blocks*bs]
+    return slots[:, :width]
+
+
+class PagedBatch:
+    """labkit.tinylm.BatchedCache over one rank's pools for one StepInput (built per step, used once)."""
+
+    def __init__(self, step: StepInput, pools: Pools, block_size: int):
+        self.step, (self.k_pool, self.v_pool), self.block_size = step, pools, block_size
+        q_lens, ctx = step.query_lens, step.context_lens
+        if not q_lens or len(ctx) != len(q_lens) or len(step.block_tables) != len(q_lens) \
+                or sum(q_lens) != step.num_tokens or any(q < 1 or q > c for q, c in zip(q_lens, ctx)):
+            fail("step", f"query_lens {q_lens[:8]}, context_lens {ctx[:8]} for {step.num_tokens} tokens",
+                 "one query length (1 .. its context) per sequence, summing to the packed tokens")
+        starts = [0] + torch.tensor(q_lens).cumsum(0).tolist()[:-1]
+        self.decode = [i for i, q in enumerate(q_lens) if q == 1]
+        self.prefill = [(starts[i], q_lens[i], ctx[i], step.block_tables[i]) for i, q in enumerate(q_lens) if q > 1]
+        if self.decode:
+            d_ctx = torch.tensor([ctx[i] for i in self.decode])
+            self.decode_rows = torch.tensor([starts[i] for i in self.decode])       # packed index of each decode
+            self.decode_slots = slot_table([step.block_tables[i] for i in self.decode], d_ctx.tolist(), block_size)
+            self.decode_mask = torch.arange(self.decode_slots.shape[1]) < d_ctx[:, None]  # [Bd, S] valid keys
+        self.prefill_slots = [slot_table([table], [c], block_size)[0] for _, _, c, table in self.prefill]
+
+    def positions(self, n_tokens: int) -> torch.Tensor:
+        return self.step.positions
+
+    def advance(self, n_tokens: int) -> None:
+        pass  # the engine's block manager records what was computed (mark_computed), not the pool
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """See labkit.tinylm.BatchedCache.attend."""
+        k_pool, v_pool = self.k_pool[layer], self.v_pool[layer]            # [Hkv, slots, hd]
+        k_pool.index_copy_(1, self.step.slots, k[0].to(k_pool.dtype))
+        v_pool.index_copy_(1, self.step.slots, v[0].to(v_pool.dtype))
+        out = torch.empty_like(q)                                          # [1, H, N, hd]
+        if self.decode:
+            Bd, S = self.decode_slots.shape
+            flat = self.decode_slots.reshape(-1)
+            kd = k_pool.index_select(1, flat).view(-1, Bd, S, k.shape[-1]).transpose(0, 1)  # [Bd, Hkv, S, hd]
+            vd = v_pool.index_select(1, flat).view(-1, Bd, S, k.shape[-1]).transpose(0, 1)
+            qd = q[0].index_select(1, self.decode_rows).transpose(0, 1)[:, :, None]  # [Bd, H, 1, hd]
+            od = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype),
+                                                attn_mask=self.decode_mask[:, None, None, :], enable_gqa=True)
+            out[0].index_copy_(1, self.decode_rows, od[:, :, 0].transpose(0, 1))    # [H, Bd, hd]
+        for (start, n, c, _), slots in zip(self.prefill, self.prefill_slots):
+            ks = k_pool.index_select(1, slots)[None].to(q.dtype)           # [1, Hkv, c, hd]
+            vs = v_pool.index_select(1, slots)[None].to(q.dtype)
+            qs = q[:, :, start:start + n]                                   # [1, H, n, hd]
+            if n == c:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            else:  # a chunk after c - n cached positions: query i sees positions <= c - n + i
+                mask = torch.ones(n, c, dtype=torch.bool).tril(diagonal=c - n)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+            out[:, :, start:start + n] = o
+        return out

@@ -1,0 +1,304 @@
+"""The serving engine (notebook 06, sections 2-5): requests in, one scheduler step and one batched forward per
+step(), tokens out. It owns the requests (Sequence), the scheduler (queues) and the block manager (blocks);
+the model runner owns the model and the KV pools (one per tensor-parallel rank).
+
+    engine = Engine(model, policy="continuous")
+    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=20, temperature=0))
+    while engine.has_unfinished():
+        for out in engine.step(): ...          # StepOutput(request_id, token_id, finished, finish_reason)
+
+Time. Every request's arrival and token times are on the engine's clock, in seconds:
+    "wall"       the real time since the engine started (the HTTP service)
+    "measured"   advances by the measured wall time of each step; idle time between arrivals is skipped
+                 (offline replays of a trace: real compute times without sleeping)
+    StepCost     advances by a modelled time per step (deterministic: tests and analytic notebook cells)
+The engine is not thread-safe: one thread calls it (labkit.serving.service serialises the HTTP requests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence as Seq
+
+import torch
+
+from .._checks import check_int, check_number, check_positive_int, check_type, fail
+from ..kv_cache import BlockManager, blocks_needed
+from ..tinylm import TinyLMConfig, check_tinylm
+from .batch import StepInput
+from .runner import ModelRunner
+from .sampling import SamplingParams, make_generator, sample_batch
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Modelled seconds per step: overhead + per_token x tokens computed + per_seq x sequences in the batch
+    (a stand-in for measured time where a result must not depend on the machine)."""
+    overhead: float = 2e-3
+    per_token: float = 2e-5
+    per_seq: float = 5e-5
+
+    def seconds(self, num_tokens: int, num_seqs: int) -> float:
+        return self.overhead + self.per_token * num_tokens + self.per_seq * num_seqs if num_tokens else 0.0
+
+
+def default_num_blocks(cfg, max_num_seqs: int, block_size: int) -> int:
+    """KV blocks for max_num_seqs full contexts: the pool in which no request is ever preempted."""
+    return check_positive_int("max_num_seqs", max_num_seqs) * blocks_needed(cfg.max_seq_len, block_size)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One token a request produced in a step; finished and finish_reason say whether it was its last."""
+    request_id: str
+    token_id: int
+    finished: bool
+    finish_reason: str | None
+
+
+class Engine:
+    """A TinyLM serving engine over a paged KV cache of `num_blocks` blocks of `block_size` tokens (default:
+    room for max_num_seqs full contexts). Give `model` (a TinyLM, run in this process) or `runner` (anything
+    with cfg and execute(StepInput): the tensor-parallel runner of labkit.serving.tp)."""
+
+    def __init__(self, model=None, *, runner=None, num_blocks: int | None = None, block_size: int = 16,
+                 policy: str = "continuous", max_num_seqs: int = 32, max_num_batched_tokens: int | None = None,
+                 preemption: str = "recompute", max_wait: float | None = None, enable_prefix_caching: bool = True,
+                 seed: int = 0, clock="wall", history_limit: int | None = None):
+        if (model is None) == (runner is None):
+            fail("model", model, "a TinyLM, or None with a runner (exactly one of the two)", TypeError)
+        if runner is None:
+            self.cfg = check_tinylm(model).cfg
+        elif not isinstance(getattr(runner, "cfg", None), TinyLMConfig) or not callable(getattr(runner, "execute", None)):
+            fail("runner", runner, "a model runner (cfg: TinyLMConfig, execute(StepInput)), e.g. TPRunner", TypeError)
+        else:
+            self.cfg = runner.cfg
+        context = self.cfg.max_seq_len
+        num_blocks = default_num_blocks(self.cfg, max_num_seqs, block_size) if num_blocks is None else num_blocks
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching, self.cfg.vocab_size)
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(context, max_num_seqs) if policy != "chunked" else max(64, max_num_seqs)
+        self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, preemption,
+                                   max_wait)
+        self.runner = runner if runner is not None else ModelRunner(model, num_blocks, block_size)
+        self.seed = check_int("seed", seed, 0)
+        if not (clock in ("wall", "measured") or isinstance(clock, StepCost)):
+            fail("clock", clock, '"wall", "measured" or a StepCost')
+        self.clock = clock
+        self._t0 = time.perf_counter()
+        self._now = 0.0
+        self.requests: dict[str, Sequence] = {}  # every request until release() forgets a finished one
+        self._ids = itertools.count()
+        self._drops: list[str] = []
+        self.steps = 0
+        self.generated_tokens = 0
+        self.num_requests = 0
+        if history_limit is not None:
+            check_positive_int("history_limit", history_limit, "steps")
+        # one entry per step: time, seconds, tokens, the requests in the batch (the last history_limit steps)
+        self.history: deque[dict] = deque(maxlen=history_limit)
+
+    # --- time ---------------------------------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """The engine's clock, seconds (see the module docstring)."""
+        return time.perf_counter() - self._t0 if self.clock == "wall" else self._now
+
+    def advance_to(self, t: float) -> None:
+        """Skip idle time up to `t` seconds (offline clocks only; the wall clock runs by itself)."""
+        if self.clock == "wall":
+            fail("clock", "wall", 'an offline clock ("measured" or a StepCost) to skip idle time')
+        self._now = max(self._now, check_number("t", t, low=0.0))
+
+    # --- requests -----------------------------------------------------------------------------------------
+
+    def add_request(self, prompt: Seq[int], params: SamplingParams | None = None, request_id: str | None = None,
+                    priority: int = 0, arrival: float | None = None) -> str:
+        """Queue a request; returns its id (request_id, or "req-N" when None). Everything is checked before
+        anything is queued."""
+        generated = False
+        params = SamplingParams() if params is None else params
+        while request_id is None or request_id in self.requests and generated:  # never a name a caller used
+            request_id, generated = f"req-{next(self._ids)}", True
+        seq = Sequence(request_id, prompt, params, self.now if arrival is None else arrival, priority)
+        if request_id in self.requests:
+            fail("request_id", request_id, "a new request id (this one is already taken)")
+        bad = [t for t in seq.prompt if t >= self.cfg.vocab_size]
+        if bad:
+            fail("prompt", bad[0], f"token ids in [0, {self.cfg.vocab_size}) (the model's vocabulary)")
+        if seq.num_prompt_tokens >= self.cfg.max_seq_len:
+            fail("prompt", f"{seq.num_prompt_tokens} tokens", f"at most {self.cfg.max_seq_len - 1} tokens (the "
+                 f"model's context is {self.cfg.max_seq_len}, and one token must be left to generate)")
+        if seq.max_total_tokens > self.cfg.max_seq_len:
+            fail("max_tokens", params.max_tokens, f"<= {self.cfg.max_seq_len - seq.num_prompt_tokens}: the prompt "
+                 f"has {seq.num_prompt_tokens} tokens and the model's context is {self.cfg.max_seq_len}")
+        self.scheduler.add(seq)  # refuses (LargerThanPoolError) a request larger than the whole KV pool
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else int.from_bytes(
+                hashlib.sha256(f"{self.seed}:{request_id}".encode()).digest()[:7], "little")  # stable per request
+            seq.generator = make_generator(seed)
+        self.requests[request_id] = seq
+        self.num_requests += 1
+        return request_id
+
+    def get(self, request_id: str) -> Sequence:
+        """The request `request_id` (a Sequence: its tokens, state and timestamps)."""
+        if request_id not in self.requests:
+            fail("request_id", request_id, "the id of a request this engine was given")
+        return self.requests[request_id]
+
+    def release(self, request_id: str) -> Sequence:
+        """Forget a finished request (a long-running service calls it, so memory does not grow); returns it."""
+        seq = self.get(request_id)
+        if not seq.finished:
+            fail("request_id", request_id, "a finished request (abort it first)")
+        return self.requests.pop(request_id)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks; False if it is unknown or already finished."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.finished:
+            return False
+        if seq.status is Status.SWAPPED:
+            self._drops.append(request_id)
+        self.scheduler.abort(seq)
+        seq.finish("abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        """Is there work for step(): a request not finished, or an aborted request's host copy to drop?"""
+        return self.scheduler.num_unfinished > 0 or bool(self._drops)
+
+    # --- one step -----------------------------------------------------------------------------------------
+
+    def _step_input(self, sched: SchedulerOutput) -> StepInput:
+        bm, bs = self.block_manager, self.block_manager.block_size
+        tokens, positions, slots, tables = [], [], [], []
+        for s in sched.scheduled:
+            table = bm.block_table(s.seq.request_id)
+            pos = range(s.start, s.start + s.num_tokens)
+            tokens += s.seq.tokens[s.start:s.start + s.num_tokens]
+            positions += pos
+            slots += [table[p // bs] * bs + p % bs for p in pos]
+            tables.append(table)
+        drops, self._drops = self._drops, []
+        return StepInput(torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+                         torch.tensor(slots, dtype=torch.long), [s.num_tokens for s in sched.scheduled],
+                         [s.start + s.num_tokens for s in sched.scheduled], tables,
+                         [i for i, s in enumerate(sched.scheduled) if s.samples], bm.take_copies(),
+                         sched.swap_out, [(k, f, b) for k, f, b in sched.swap_in], drops)
+
+    def step(self) -> list[StepOutput]:
+        """One scheduler step and one batched forward; the tokens it produced (see the module docstring)."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule(self.now)
+        step = self._step_input(sched)
+        logits = self.runner.execute(step)
+        for s in sched.scheduled:
+            self.block_manager.mark_computed(s.seq.request_id, s.start + s.num_tokens)
+        sampled = [sched.scheduled[i].seq for i in step.sample_rows]
+        tokens = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled]) if sampled else []
+        seconds = time.perf_counter() - t0
+        if self.clock == "measured":
+            self._now += seconds
+        elif isinstance(self.clock, StepCost):
+            self._now += self.clock.seconds(step.num_tokens, step.num_seqs)
+        now, outputs = self.now, []
+        for seq, token in zip(sampled, tokens):
+            seq.output.append(token)
+            seq.token_times.append(now)
+            reason = "stop" if token in seq.params.stop_token_ids else \
+                "length" if seq.num_output_tokens >= seq.params.max_tokens else None
+            if reason:
+                self.scheduler.finish(seq)
+                seq.finish(reason)
+            outputs.append(StepOutput(seq.request_id, token, reason is not None, reason))
+        self.steps += 1
+        self.generated_tokens += len(tokens)
+        self.history.append({"time": now, "seconds": seconds, "tokens": step.num_tokens,
+                             "batch": [(s.seq.request_id, s.num_tokens) for s in sched.scheduled],
+                             "preempted": [s.request_id for s in sched.preempted]})
+        return outputs
+
+    # --- whole runs ---------------------------------------------------------------------------------------
+
+    def warmup(self) -> None:
+        """One one-token forward through the runner (every rank), then everything is as before: the service
+        reports healthy only after this succeeded."""
+        bm, rid = self.block_manager, "__warmup__"
+        bm.allocate(rid, [0])
+        try:
+            table = bm.block_table(rid)
+            one = torch.zeros(1, dtype=torch.long)
+            self.runner.execute(StepInput(one, one, torch.tensor([table[0] * bm.block_size]), [1], [1], [table],
+                                          [0]))
+        finally:
+            bm.free(rid)
+
+    def run_until_done(self, max_steps: int | None = None) -> None:
+        """Step until every request has finished (at most max_steps steps)."""
+        if max_steps is not None:
+            check_positive_int("max_steps", max_steps, allow_zero=True)
+        for _ in range(max_steps) if max_steps is not None else itertools.count():
+            if not self.has_unfinished():
+                return
+            self.step()
+
+    def generate(self, prompts: Iterable[Seq[int]], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[list[int]]:
+        """Offline: run `prompts` to completion together; their output token ids, in order."""
+        prompts = list(prompts)
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            fail("params", f"{len(params)} SamplingParams", f"one per prompt ({len(prompts)})")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        self.run_until_done()
+        return [self.requests[i].output for i in ids]
+
+    def run(self, trace, params: SamplingParams | None = None, progress: Callable | None = None) -> list[Sequence]:
+        """Replay `trace` (objects with request_id, arrival, prompt, max_tokens and priority: labkit.serving.
+        workload.TraceRequest) on an offline clock: each request is added once the clock reaches its arrival,
+        idle time is skipped. `params` (default greedy) gives every other sampling field. The finished
+        requests, in trace order."""
+        if self.clock == "wall":
+            fail("clock", "wall", 'an offline clock ("measured" or a StepCost) to replay a trace')
+        base = SamplingParams(temperature=0) if params is None else check_type("params", params, SamplingParams)
+        trace = list(trace)
+        fields = ("request_id", "arrival", "prompt", "max_tokens", "priority")
+        for i, r in enumerate(trace):
+            if not all(hasattr(r, f) for f in fields):
+                fail(f"trace[{i}]", r, f"a request with {', '.join(fields)} (labkit.serving.TraceRequest)", TypeError)
+        ids = [r.request_id for r in trace]
+        taken = [i for i in ids if i in self.requests] + [i for n, i in enumerate(ids) if i in ids[:n]]
+        if taken:
+            fail("trace", f"request id {taken[0]!r} twice (or already in this engine)", "distinct new request ids")
+        pending = sorted(trace, key=lambda r: r.arrival)
+        while pending or self.has_unfinished():
+            if not self.has_unfinished() and pending[0].arrival > self.now:
+                self.advance_to(pending[0].arrival)
+            while pending and pending[0].arrival <= self.now:
+                r = pending.pop(0)
+                sp = SamplingParams(**{**base.__dict__, "max_tokens": r.max_tokens})
+                self.add_request(list(r.prompt), sp, r.request_id, r.priority, r.arrival)
+            self.step()
+            if progress is not None:
+                progress(self)
+        return [self.requests[i] for i in ids]
+
+    def stats(self) -> dict:
+        """What /metrics reports: queue lengths, KV usage, prefix-cache tokens, preemptions, totals."""
+        bm = self.block_manager
+        used = bm.num_used_blocks
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "swapped": len(self.scheduler.swapped), "kv_blocks_used": used, "kv_blocks_total": bm.num_blocks,
+                "kv_usage": used / bm.num_blocks, "prefix_cache_queries": bm.prompt_tokens,
+                "prefix_cache_hits": bm.cached_tokens, "preemptions": self.scheduler.num_preemptions,
+                "steps": self.steps, "generated_tokens": self.generated_tokens,
+                "requests": self.num_requests}

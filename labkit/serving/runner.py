@@ -1,0 +1,91 @@
+"""The model side of the engine (notebook 06, section 2): one model, its paged KV pools and the host memory
+that swapped-out blocks go to. It runs one StepInput per call and returns the logits of the tokens to sample;
+it never decides anything (the scheduler and the block manager on the engine side do). With tensor
+parallelism every rank holds one ModelRunner over its shard and its own KV heads (labkit.serving.tp).
+
+    execute(step):  1. swap_out: copy those blocks to host memory   (before anything is overwritten)
+                    2. drop:     forget the host copies of aborted requests
+                    3. copies:   copy-on-write block copies
+                    4. swap_in:  host memory -> the new blocks
+                    5. TinyLM forward over the packed tokens (PagedBatch writes the new K/V, attends)
+                    -> logits [len(step.sample_rows), vocab] in float32
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_positive_int, check_type, fail, is_int
+from ..tinylm import TinyLMConfig
+from .batch import PagedBatch, StepInput
+
+
+class ModelRunner:
+    """`model` (a TinyLM, or a tensor-parallel shard with the same forward) and a KV pool of `num_blocks` blocks
+    of `block_size` tokens for `cfg`'s KV heads (the shard's, under tensor parallelism), in `dtype`."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, cfg: TinyLMConfig | None = None,
+                 dtype: torch.dtype = torch.float32):
+        cfg = model.cfg if cfg is None else cfg
+        check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig")
+        check_positive_int("num_blocks", num_blocks)
+        if not is_int(block_size) or block_size < 1 or block_size & (block_size - 1):
+            fail("block_size", block_size, "a positive power of two (tokens per block)", ValueError if is_int(block_size) else TypeError)
+        self.model, self.cfg, self.block_size = model, cfg, block_size
+        shape = (cfg.n_layers, cfg.n_kv_heads, num_blocks * block_size, cfg.head_dim)
+        self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        self.host: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # swapped-out K/V per key: [L, Hkv, n*bs, hd]
+        self.steps = 0
+
+    def _block_slots(self, blocks: list[int]) -> torch.Tensor:
+        return (torch.tensor(blocks, dtype=torch.long)[:, None] * self.block_size
+                + torch.arange(self.block_size)).reshape(-1)                 # [n_blocks * block_size]
+
+    def swap_out(self, key: str, blocks: list[int]) -> None:
+        """Copy `blocks` (every layer's K and V) to host memory under `key` (a request id)."""
+        if key in self.host:
+            fail("key", key, "a sequence that is not swapped out already")
+        slots = self._block_slots(blocks)
+        self.host[key] = (self.k.index_select(2, slots), self.v.index_select(2, slots))
+
+    def swap_in(self, key: str, first: int, blocks: list[int]) -> None:
+        """Copy `key`'s host blocks first, first + 1, ... into `blocks` and forget the host copy."""
+        if key not in self.host:
+            fail("key", key, "a swapped-out sequence")
+        k, v = self.host[key]
+        a, b = first * self.block_size, (first + len(blocks)) * self.block_size
+        if first < 0 or b > k.shape[2]:
+            fail("blocks", f"{len(blocks)} blocks from host block {first}",
+                 f"within the {k.shape[2] // self.block_size} blocks {key!r} swapped out")
+        del self.host[key]
+        slots = self._block_slots(blocks)
+        self.k.index_copy_(2, slots, k[:, :, a:b])
+        self.v.index_copy_(2, slots, v[:, :, a:b])
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy block `src` into block `dst`, every layer, K and V (copy-on-write)."""
+        a, b, n = src * self.block_size, dst * self.block_size, self.block_size
+        self.k[:, :, b:b + n] = self.k[:, :, a:a + n]
+        self.v[:, :, b:b + n] = self.v[:, :, a:a + n]
+
+    @torch.no_grad()
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """Run one step (see the module docstring); logits [len(step.sample_rows), vocab], float32."""
+        check_type("step", step, StepInput, "a labkit.serving.batch.StepInput")
+        for key, blocks in step.swap_out:
+            self.swap_out(key, blocks)
+        for key in step.drop:
+            self.host.pop(key, None)
+        for src, dst in step.copies:
+            self.copy_block(src, dst)
+        for key, first, blocks in step.swap_in:
+            self.swap_in(key, first, blocks)
+        self.steps += 1
+        if not step.num_tokens:
+            return torch.empty(0, self.cfg.vocab_size)
+        logits = self.model(step.tokens[None], PagedBatch(step, (self.k, self.v), self.block_size))[0]  # [N, V]
+        return logits.index_select(0, step.logit_rows()).float()
+
+    def nbytes(self) -> int:
+        """Bytes of the KV pools (keys + values)."""
+        return 2 * self.k.numel() * self.k.element_size()

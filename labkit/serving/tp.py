@@ -1,0 +1,160 @@
+"""Tensor-parallel serving (notebook 06, section 6: `python -m labkit.serving --tp 2`): the engine stays in this
+process and the model runs split over `tp` gloo ranks (lab 04's Pool and Megatron split, ShardedTinyLM).
+
+    engine process                                   rank r (one spawned process each)
+    scheduler, block manager, sampling               ModelRunner(ShardedTinyLM rank r, KV pools of its
+      |  StepInput (picklable: tokens, slots,            n_kv_heads / tp heads, host swap space)
+      |  block tables, swaps, copies)                   |
+      +-- pool.run(step_worker, runner_id, step) -->  execute(step): swaps, copies, forward; two
+      <-- rank 0's logits [rows to sample, vocab] --     all-reduces per layer, one all-gather of the logits
+
+The weights travel once, when the TPRunner is built; each step sends only the StepInput and brings back the
+logits of the rows to sample (every rank computes the same full logits through the all-gather; rank 0's are
+returned). Each rank keeps its ModelRunner in a module-level dict keyed by the runner's id, so two TPRunners
+can share one Pool. A rank that fails ends the group (Pool): execute() raises the Pool's RankError naming the
+rank, and the TPRunner is closed from then on, saying why. Swapped-out KV blocks live in each rank's host
+memory (its own KV heads), as in vLLM.
+
+    runner = TPRunner(model, tp=2, num_blocks=256, block_size=16)   # or tp_engine(model, 2, ...)
+    engine = Engine(runner=runner)                                  # the engine does not change
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+
+import torch
+
+from .._checks import check_positive, check_positive_int, check_type, fail
+from ..parallel import Pool, RankError, tensor
+from ..tinylm import TinyLM, TinyLMConfig
+from .batch import StepInput
+from .engine import Engine, default_num_blocks
+from .runner import ModelRunner
+
+_RUNNERS: dict[str, ModelRunner] = {}
+"""In each rank's process: that rank's ModelRunner of every TPRunner built on its Pool, by runner id."""
+
+_IDS = itertools.count()
+
+
+def setup_worker(rank: int, world: int, runner_id: str, cfg: TinyLMConfig, state: dict, num_blocks: int,
+                 block_size: int) -> int:
+    """On every rank: build its shard of the model and its KV pools; returns the pools' bytes on this rank."""
+    sharded = tensor.ShardedTinyLM(tensor.rebuild_model(cfg, state), rank, world)
+    runner = ModelRunner(sharded, num_blocks, block_size, cfg=tensor.shard_config(cfg, world))
+    _RUNNERS[runner_id] = runner
+    return runner.nbytes()
+
+
+def step_worker(rank: int, world: int, runner_id: str, step: StepInput) -> torch.Tensor | None:
+    """On every rank: one engine step on its shard; rank 0 returns the logits (the others' are the same)."""
+    if runner_id not in _RUNNERS:
+        raise KeyError(f"runner {runner_id} is not on rank {rank}: its pool was restarted since it was built")
+    logits = _RUNNERS[runner_id].execute(step)
+    return logits if rank == 0 else None
+
+
+def close_worker(rank: int, world: int, runner_id: str) -> None:
+    """On every rank: forget the runner (its shard, KV pools and host copies)."""
+    _RUNNERS.pop(runner_id, None)
+
+
+class TPRunner:
+    """The engine's model runner over `tp` gloo ranks: anything with cfg and execute(StepInput) is one.
+
+    model: the full TinyLM (its weights are sent once); tp: ranks, a divisor of the heads, KV heads, d_ff and
+    vocabulary (refused before any process starts); num_blocks x block_size: the KV pool, on every rank
+    (each holds n_kv_heads / tp heads of every block); pool: a Pool of world tp to run on (None: start one,
+    closed by close()); timeout: seconds one step (or the setup) may take on the ranks."""
+
+    def __init__(self, model: TinyLM, tp: int, num_blocks: int, block_size: int, pool: Pool | None = None,
+                 timeout: float = 30):
+        if pool is not None:
+            check_type("pool", pool, Pool, "a labkit.parallel.Pool")
+        cfg, state = tensor.tp_inputs(model, tp, pool)  # checks model, tp and the pool's world
+        self.cfg, self.tp = cfg, tp
+        self.num_blocks = check_positive_int("num_blocks", num_blocks)
+        self.block_size = check_positive_int("block_size", block_size)
+        self.timeout = check_positive("timeout", timeout, unit="seconds")
+        self.id = f"tp-{os.getpid()}-{next(_IDS)}"
+        self.owns_pool = pool is None
+        self.pool = Pool(tp, timeout=self.timeout) if pool is None else pool
+        self.closed: str | None = None  # why the runner is closed (None while it runs)
+        self.steps = 0
+        self._built = False
+        self.kv_bytes_per_rank = self._run(setup_worker, cfg, state, num_blocks, block_size)
+        """bytes of each rank's KV pools (keys + values of its KV heads)"""
+        self._built = True
+
+    def _run(self, fn, *args) -> list:
+        if self._built and self.closed is None and not self.pool.running:  # the group ended: our shards too
+            self._close(f"its pool of {self.tp} ranks was closed since the runner was built")
+        if self.closed is not None:
+            raise RuntimeError(f"TPRunner {self.id} is closed ({self.closed}); build a new one")
+        try:
+            return self.pool.run(fn, self.id, *args, timeout=self.timeout)
+        except (RankError, TimeoutError) as e:  # the Pool has ended the group: this runner's shards are gone
+            self._close(f"{type(e).__name__}: {e}")
+            raise
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """One engine step on every rank: logits [len(step.sample_rows), vocab], float32 (rank 0's)."""
+        check_type("step", step, StepInput, "a labkit.serving.batch.StepInput")
+        logits = self._run(step_worker, step)[0]
+        self.steps += 1
+        return logits
+
+    def _close(self, why: str) -> None:
+        if self.closed is None:
+            self.closed = why
+            if self.owns_pool:
+                self.pool.close()
+            elif self.pool.running:
+                try:
+                    self.pool.run(close_worker, self.id, timeout=self.timeout)
+                except (RankError, TimeoutError):
+                    pass  # the Pool ended the group: the shards are gone anyway
+
+    def close(self) -> None:
+        """Free the shards and KV pools on the ranks (and stop the pool if this runner started it)."""
+        self._close("close() was called")
+
+    def __enter__(self) -> "TPRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.closed is None else "closed"
+        return f"TPRunner(tp={self.tp}, num_blocks={self.num_blocks}, block_size={self.block_size}, {state})"
+
+
+_ENGINE = inspect.signature(Engine).parameters  # the engine's own defaults, read rather than copied
+
+
+def tp_engine(model: TinyLM, tp: int, *, pool: Pool | None = None, timeout: float = 30, **engine_kwargs) -> Engine:
+    """An Engine whose model runs over `tp` gloo ranks (a TPRunner with the engine's num_blocks and
+    block_size, defaulting as Engine's do); tp 1 is a plain Engine(model). The other keywords go to Engine.
+    Close it with engine.runner.close() (tp > 1)."""
+    if not isinstance(model, TinyLM):
+        fail("model", type(model).__name__, "a TinyLM", TypeError)
+    tp = tensor.check_tp(model.cfg, tp)
+    if tp == 1:
+        if pool is not None:
+            fail("pool", pool, "None with tp=1 (the model runs in this process)")
+        return Engine(model, **engine_kwargs)
+    block_size = engine_kwargs.get("block_size", _ENGINE["block_size"].default)
+    num_blocks = engine_kwargs.get("num_blocks")
+    if num_blocks is None:
+        num_blocks = default_num_blocks(model.cfg, engine_kwargs.get("max_num_seqs", _ENGINE["max_num_seqs"].default),
+                                        check_positive_int("block_size", block_size))
+    runner = TPRunner(model, tp, num_blocks, block_size, pool, timeout)
+    try:
+        return Engine(runner=runner, **{**engine_kwargs, "num_blocks": num_blocks})
+    except BaseException:
+        runner.close()
+        raise

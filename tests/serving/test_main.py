@@ -1,0 +1,98 @@
+"""`python -m labkit.serving` as a learner runs it: a subprocess on a free port, the `openai` client, a signal,
+exit code 0; bad options exit 2 with a message."""
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from labkit.paths import ROOT, TINYLM_CHECKPOINT
+from labkit.serving.__main__ import checkpoint_stem, engine_loader, parse_args
+from labkit.tinylm import generate
+
+LINE = re.compile(r"^serving (\S+) on (http://127\.0\.0\.1:(\d+)/v1)$")
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-m", "labkit.serving", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def first_line(proc, timeout: float = 60.0) -> str:
+    lines = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert lines, "the service printed nothing"
+    return lines[0].rstrip("\n")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_one_command_serves_the_openai_client_and_stops_on_a_signal(model, tok, sig):
+    proc = start("--model", "data/tinylm", "--port", "0", "--num-blocks", "32")
+    try:
+        match = LINE.match(first_line(proc))
+        assert match and match[1] == "tinylm", match
+        deadline = time.monotonic() + 60
+        while httpx.get(match[2][:-3] + "/health").status_code != 200:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=match[2], api_key="any", max_retries=0, timeout=60)
+        text = client.completions.create(model="tinylm", prompt="12+7=", max_tokens=8, temperature=0).choices[0].text
+        assert text == tok.decode(generate(model, tok.encode("12+7="), 8))
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_checkpoint_exits_2_with_a_message(tmp_path):
+    proc = start("--model", str(tmp_path / "nothing"), "--port", "0")
+    _, err = proc.communicate(timeout=50)
+    assert proc.returncode == 2 and "nothing" in err and "no TinyLM checkpoint" in err
+
+
+@pytest.mark.timeout(90)
+def test_a_checkpoint_that_fails_to_load_exits_1(tmp_path):
+    (tmp_path / "broken.json").write_text(TINYLM_CHECKPOINT.with_suffix(".json").read_text())
+    (tmp_path / "broken.safetensors").write_bytes(TINYLM_CHECKPOINT.with_suffix(".safetensors").read_bytes()[:1000])
+    proc = start("--model", str(tmp_path / "broken"), "--port", "0")
+    out, err = proc.communicate(timeout=80)
+    assert LINE.match(out.splitlines()[0])  # it was serving (/health 503) while the load ran
+    assert proc.returncode == 1 and "loading the model failed" in err and "SHA-256" in err
+
+
+def test_the_checkpoint_can_be_named_three_ways(tmp_path):
+    for name in ("tinylm", "tinylm.safetensors", "tinylm.json"):
+        assert checkpoint_stem(str(TINYLM_CHECKPOINT.parent / name)) == TINYLM_CHECKPOINT
+    assert checkpoint_stem(str(tmp_path)) is None and checkpoint_stem(str(tmp_path / "x.json")) is None
+    (tmp_path / "m.safetensors").write_bytes(b""), (tmp_path / "m.json").write_text("{}")
+    assert checkpoint_stem(str(tmp_path)) == tmp_path / "m"  # a folder that holds one checkpoint
+
+
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--tp", "0"], ["--num-blocks", "x"], ["--policy", "fifo"],
+                                  [], ["--tp", "3"], ["--block-size", "12"], ["--stream-interval", "0"]])
+def test_bad_options_exit_2(argv, capsys):
+    model = [] if not argv else ["--model", "data/tinylm"]
+    with pytest.raises(SystemExit) as info:
+        parse_args(model + argv)
+    assert info.value.code == 2 and capsys.readouterr().err.strip()
+
+
+def test_options_reach_the_engine():
+    args = parse_args(["--model", "data/tinylm.json", "--num-blocks", "40", "--block-size", "8", "--max-num-seqs",
+                       "4", "--policy", "chunked", "--served-model-name", "tiny"])
+    assert (args.stem, args.name) == (TINYLM_CHECKPOINT, "tiny")
+    engine = engine_loader(args)()
+    assert (engine.stats()["kv_blocks_total"], engine.block_manager.block_size) == (40, 8)
+    assert (engine.scheduler.max_num_seqs, engine.scheduler.policy) == (4, "chunked")
+

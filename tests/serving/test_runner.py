@@ -1,0 +1,65 @@
+"""ModelRunner: swap space and block copies move the bytes exactly; execute runs them in the documented order."""
+import pytest
+import torch
+
+from labkit.serving import ModelRunner, StepInput
+from tests.refusals import assert_refused
+
+BS = 4
+
+
+def filled(model, num_blocks=8):
+    runner = ModelRunner(model, num_blocks, BS)
+    g = torch.Generator().manual_seed(0)
+    runner.k.copy_(torch.randn(runner.k.shape, generator=g))
+    runner.v.copy_(torch.randn(runner.v.shape, generator=g))
+    return runner
+
+
+def block(t, b):
+    return t[:, :, b * BS:(b + 1) * BS].clone()
+
+
+def test_swap_out_then_in_restores_every_byte_into_new_blocks(model):
+    runner = filled(model)
+    before = [(block(runner.k, b), block(runner.v, b)) for b in (1, 3, 4)]
+    runner.swap_out("a", [1, 3, 4])
+    runner.k.zero_()
+    runner.v.zero_()
+    runner.swap_in("a", 1, [6, 2])  # host blocks 1 and 2 (block 0 was a prefix hit: not copied back)
+    assert torch.equal(block(runner.k, 6), before[1][0]) and torch.equal(block(runner.v, 2), before[2][1])
+    assert torch.equal(block(runner.k, 1), torch.zeros_like(before[0][0]))
+    assert "a" not in runner.host
+
+
+def test_copy_block(model):
+    runner = filled(model)
+    src = block(runner.k, 2)
+    runner.copy_block(2, 5)
+    assert torch.equal(block(runner.k, 5), src)
+
+
+def test_execute_swaps_out_before_copies_and_swap_ins_land(model):
+    runner = filled(model)
+    saved = block(runner.k, 0)
+    empty = torch.zeros(0, dtype=torch.long)
+    # block 0 goes to host and block 7 is copied over it in the same step: the host copy must be the old bytes
+    runner.execute(StepInput(empty, empty, empty, [], [], [], [], copies=[(7, 0)], swap_out=[("s", [0])]))
+    assert torch.equal(runner.host["s"][0], saved)
+    runner.execute(StepInput(empty, empty, empty, [], [], [], [], swap_in=[("s", 0, [3])]))
+    assert torch.equal(block(runner.k, 3), saved)
+    runner.execute(StepInput(empty, empty, empty, [], [], [], [], swap_out=[("t", [1])], drop=["t"]))
+    assert runner.host == {}
+
+
+def test_refusals(model):
+    runner = filled(model)
+    assert_refused(lambda: runner.swap_in("x", 0, [1]), ValueError, "key", "x", "a swapped-out sequence")
+    runner.swap_out("a", [1])
+    assert_refused(lambda: runner.swap_out("a", [2]), ValueError, "key", "a", "not swapped out already")
+    with pytest.raises(ValueError, match="blocks must be within the 1 blocks .a. swapped out"):
+        runner.swap_in("a", 0, [2, 3])
+    assert "a" in runner.host  # a refused swap-in keeps the host copy
+    assert_refused(lambda: ModelRunner(model, 4, 3), ValueError, "block_size", 3, "a positive power of two")
+    assert_refused(lambda: ModelRunner(model, 0, BS), ValueError, "num_blocks", 0, "a positive int")
+    assert runner.nbytes() == 2 * 4 * runner.k.numel()

@@ -1,0 +1,34 @@
+"""Sequence: a request's tokens, state and timestamps; bad requests refused naming the field."""
+import pytest
+
+from labkit.serving import SamplingParams, Sequence, Status
+from tests.refusals import assert_refused
+
+
+def test_a_sequence_grows_and_finishes():
+    seq = Sequence("a", [3, 4, 5], SamplingParams(max_tokens=4), arrival=1.5, priority=2)
+    assert (seq.status, seq.tokens, seq.max_total_tokens, seq.finish_time) == (Status.WAITING, [3, 4, 5], 7, None)
+    seq.output += [9, 8]
+    seq.token_times += [2.0, 2.5]
+    assert seq.tokens == [3, 4, 5, 9, 8] and seq.num_tokens == 5 and seq.num_output_tokens == 2
+    seq.finish("length")
+    assert seq.finished and seq.finish_reason == "length" and seq.finish_time == 2.5
+    assert "finished" in repr(seq)
+
+
+@pytest.mark.parametrize("kwargs, error, name, value, expected", [
+    (dict(request_id=""), TypeError, "request_id", "", "a non-empty str"),
+    (dict(prompt="hi"), TypeError, "prompt", "hi", "a list of token ids"),
+    (dict(prompt=[1, -2]), TypeError, "prompt", [1, -2], "non-negative ints"),
+    (dict(prompt=[]), ValueError, "prompt", [], "at least one token"),
+    (dict(params=None), TypeError, "params", None, "SamplingParams"),
+    (dict(arrival=-1.0), ValueError, "arrival", -1.0, ">= 0"),
+    (dict(priority=1.5), TypeError, "priority", 1.5, "an int"),
+])
+def test_bad_requests_are_refused(kwargs, error, name, value, expected):
+    args = {"request_id": "a", "prompt": [1], "params": SamplingParams(), **kwargs}
+    assert_refused(lambda: Sequence(**args), error, name, value, expected)
+
+
+def test_finish_refuses_an_unknown_reason():
+    assert_refused(lambda: Sequence("a", [1], SamplingParams()).finish("done"), ValueError, "reason", "done", "one of")
