@@ -253,12 +253,21 @@ class Engine:
 
     def generate(self, prompts: Iterable[Seq[int]], params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[list[int]]:
-        """Offline: run `prompts` to completion together; their output token ids, in order."""
+        """Offline: run `prompts` to completion together; their output token ids, in order. All or nothing: when
+        one request is refused, the ones added before it are taken out again."""
         prompts = list(prompts)
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             fail("params", f"{len(params)} SamplingParams", f"one per prompt ({len(prompts)})")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        ids: list[str] = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.add_request(p, sp))
+        except (TypeError, ValueError):
+            for rid in ids:
+                self.abort(rid)
+                self.release(rid)
+            raise
         self.run_until_done()
         return [self.requests[i].output for i in ids]
 

@@ -182,3 +182,11 @@ def test_a_bad_trace_is_refused_before_anything_runs(model, prompts):
         Engine("x")
     with pytest.raises(TypeError, match="runner must be a model runner"):
         Engine(runner=object())
+
+
+def test_generate_is_all_or_nothing(model, prompts):
+    engine = Engine(model, clock=StepCost())
+    with pytest.raises(ValueError, match="prompt must be token ids in"):
+        engine.generate([prompts[0], [1, 999]], GREEDY)
+    assert engine.requests == {} and not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
+    assert engine.generate([prompts[0]], GREEDY) == [generate(model, prompts[0], 12)]
