@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Sequence as Seq
 
 import torch
 
-from .._checks import check_int, check_number, check_positive_int, check_type, fail
+from .._checks import check_int, check_number, check_positive, check_positive_int, check_type, fail
 from ..kv_cache import BlockManager, blocks_needed
 from ..tinylm import TinyLMConfig, check_tinylm
 from .batch import StepInput
@@ -43,6 +43,10 @@ class StepCost:
     overhead: float = 2e-3
     per_token: float = 2e-5
     per_seq: float = 5e-5
+
+    def __post_init__(self):
+        for name in ("overhead", "per_token", "per_seq"):
+            check_positive(name, getattr(self, name), "seconds", allow_zero=True)
 
     def seconds(self, num_tokens: int, num_seqs: int) -> float:
         return self.overhead + self.per_token * num_tokens + self.per_seq * num_seqs if num_tokens else 0.0
@@ -279,6 +283,8 @@ class Engine:
         if self.clock == "wall":
             fail("clock", "wall", 'an offline clock ("measured" or a StepCost) to replay a trace')
         base = SamplingParams(temperature=0) if params is None else check_type("params", params, SamplingParams)
+        if progress is not None and not callable(progress):
+            fail("progress", progress, "a function progress(engine), called after every step, or None", TypeError)
         trace = list(trace)
         fields = ("request_id", "arrival", "prompt", "max_tokens", "priority")
         for i, r in enumerate(trace):

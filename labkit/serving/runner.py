@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_positive_int, check_type, fail, is_int
+from .._checks import check_positive_int, check_type, fail
+from ..kv_cache import check_block_size, slots_of
 from ..tinylm import TinyLMConfig
 from .batch import PagedBatch, StepInput
 
@@ -26,26 +27,23 @@ class ModelRunner:
 
     def __init__(self, model, num_blocks: int, block_size: int, cfg: TinyLMConfig | None = None,
                  dtype: torch.dtype = torch.float32):
+        if not callable(model) or not isinstance(getattr(model, "cfg", None), TinyLMConfig):
+            fail("model", type(model).__name__, "a TinyLM (or a tensor-parallel shard of one)", TypeError)
         cfg = model.cfg if cfg is None else cfg
         check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig")
         check_positive_int("num_blocks", num_blocks)
-        if not is_int(block_size) or block_size < 1 or block_size & (block_size - 1):
-            fail("block_size", block_size, "a positive power of two (tokens per block)", ValueError if is_int(block_size) else TypeError)
+        check_block_size(block_size)
         self.model, self.cfg, self.block_size = model, cfg, block_size
         shape = (cfg.n_layers, cfg.n_kv_heads, num_blocks * block_size, cfg.head_dim)
         self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
         self.host: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # swapped-out K/V per key: [L, Hkv, n*bs, hd]
         self.steps = 0
 
-    def _block_slots(self, blocks: list[int]) -> torch.Tensor:
-        return (torch.tensor(blocks, dtype=torch.long)[:, None] * self.block_size
-                + torch.arange(self.block_size)).reshape(-1)                 # [n_blocks * block_size]
-
     def swap_out(self, key: str, blocks: list[int]) -> None:
         """Copy `blocks` (every layer's K and V) to host memory under `key` (a request id)."""
         if key in self.host:
             fail("key", key, "a sequence that is not swapped out already")
-        slots = self._block_slots(blocks)
+        slots = slots_of(blocks, len(blocks) * self.block_size, self.block_size)  # every slot of those blocks
         self.host[key] = (self.k.index_select(2, slots), self.v.index_select(2, slots))
 
     def swap_in(self, key: str, first: int, blocks: list[int]) -> None:
@@ -58,7 +56,7 @@ class ModelRunner:
             fail("blocks", f"{len(blocks)} blocks from host block {first}",
                  f"within the {k.shape[2] // self.block_size} blocks {key!r} swapped out")
         del self.host[key]
-        slots = self._block_slots(blocks)
+        slots = slots_of(blocks, len(blocks) * self.block_size, self.block_size)
         self.k.index_copy_(2, slots, k[:, :, a:b])
         self.v.index_copy_(2, slots, v[:, :, a:b])
 

@@ -89,6 +89,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request; refuses one that could never fit the pool (nothing is queued then)."""
+        if not isinstance(seq, Sequence):
+            fail("seq", seq, "a labkit.serving.Sequence", TypeError)
         slots = seq.max_total_tokens - 1  # the last token is sampled, never fed back: its K/V are not stored
         if blocks_needed(slots, self.bm.block_size) > self.bm.num_blocks:
             raise LargerThanPoolError(

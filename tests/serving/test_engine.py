@@ -182,6 +182,9 @@ def test_a_bad_trace_is_refused_before_anything_runs(model, prompts):
         Engine("x")
     with pytest.raises(TypeError, match="runner must be a model runner"):
         Engine(runner=object())
+    assert_refused(lambda: engine.run([], progress="print"), TypeError, "progress", "print", "a function")
+    assert_refused(lambda: StepCost(overhead=-1.0), ValueError, "overhead", -1.0, "a non-negative finite number")
+    assert_refused(lambda: StepCost(per_token=float("nan")), ValueError, "per_token", float("nan"), "non-negative")
 
 
 def test_generate_is_all_or_nothing(model, prompts):

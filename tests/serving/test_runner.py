@@ -61,5 +61,6 @@ def test_refusals(model):
         runner.swap_in("a", 0, [2, 3])
     assert "a" in runner.host  # a refused swap-in keeps the host copy
     assert_refused(lambda: ModelRunner(model, 4, 3), ValueError, "block_size", 3, "a positive power of two")
+    assert_refused(lambda: ModelRunner("tinylm", 4, 4), TypeError, "model", "str", "a TinyLM")
     assert_refused(lambda: ModelRunner(model, 0, BS), ValueError, "num_blocks", 0, "a positive int")
     assert runner.nbytes() == 2 * 4 * runner.k.numel()

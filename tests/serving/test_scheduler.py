@@ -160,6 +160,7 @@ def test_scheduler_refusals():
                    "max_num_batched_tokens", 4, ">= max_num_seqs")
     assert_refused(lambda: Scheduler(bm, max_wait=0), ValueError, "max_wait", 0, "positive")
     assert_refused(lambda: Scheduler("bm"), TypeError, "block_manager", "bm", "BlockManager")
+    assert_refused(lambda: Scheduler(bm).add("req"), TypeError, "seq", "req", "a labkit.serving.Sequence")
 
 
 def test_a_request_larger_than_the_pool_is_refused_and_nothing_changes(small):
