@@ -41,6 +41,12 @@ For a scheduler (the serving lab):
   append either (can_append stays False): preempting others does not help it; cap its length at admission.
 - Swapping or recomputing a preempted sequence is the caller's (swap.py costs both); after a recompute the
   caller allocates again and marks the tokens computed as the forwards write them.
+
+Images (lab 07): `allocate(seq_id, token_ids, mm=[(offset, length, image hash), ...])` names the prompt's image
+placeholder ranges; each block's hash then includes the images overlapping it (prefix.mm_extra_keys, vLLM's
+extra keys), so identical placeholders with different images never share a block and the same image hits.
+`hash_mm=False` builds the naive cache that hashes tokens only (notebook 07 shows it answering from the wrong
+image).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from collections import deque
 from typing import Hashable, Sequence
 
 from .._checks import check_bool, check_int, check_positive_int, fail, is_int
-from .prefix import CachedPool, block_hash
+from .prefix import CachedPool, block_hash, check_spans, mm_extra_keys
 
 
 class OutOfBlocksError(RuntimeError):
@@ -89,13 +95,15 @@ class BlockManager:
     vocab_size: token ids must be in [0, vocab_size) (None: any id below 2**32 until a PagedKVCache ties it to
     its model's vocabulary; `vocab_size_given` says which). Sequence ids are ints or
     strings. Counters: `prompt_tokens` (tokens of every allocated prompt) and `cached_tokens` (those served
-    from the prefix cache), updated only by allocations that succeed."""
+    from the prefix cache), updated only by allocations that succeed. hash_mm: include the images in the
+    block hashes (False: the naive cache, see the module docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, hash_mm: bool = True):
         self.num_blocks = check_positive_int("num_blocks", num_blocks)
         self.block_size = check_block_size(block_size)
         self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        self.hash_mm = check_bool("hash_mm", hash_mm)
         self.vocab_size_given = vocab_size is not None
         self.vocab_size = 2**32 if vocab_size is None else check_positive_int("vocab_size", vocab_size)
         self._ref = [0] * self.num_blocks
@@ -103,6 +111,8 @@ class BlockManager:
         self._pool = CachedPool()
         self._hash: dict[int, int] = {}                            # registered block -> its hash
         self._content: dict[int, tuple[int | None, tuple]] = {}    # registered block -> (parent hash, tokens)
+        self._extra: dict[int, tuple] = {}                         # registered block -> its image keys, if any
+        self._mm: dict[Hashable, tuple] = {}                       # seq -> its images (offset, length, hash)
         self._tables: dict[Hashable, list[int]] = {}
         self._tokens: dict[Hashable, list[int]] = {}
         self._hashes: dict[Hashable, list[int]] = {}               # the hash chain of its computed full blocks
@@ -174,6 +184,7 @@ class BlockManager:
         else:
             b = self._pool.evict(self._hash)
             del self._hash[b], self._content[b]
+            self._extra.pop(b, None)
         self._ref[b] = 1
         return b
 
@@ -192,23 +203,32 @@ class BlockManager:
         tokens = tuple(self._tokens[seq_id][index * self.block_size:(index + 1) * self.block_size])
         chain = self._hashes[seq_id]
         parent = chain[-1] if chain else None
-        h = block_hash(parent, tokens)
+        extra = self._extra_keys(self._mm[seq_id], index)
+        h = block_hash(parent, tokens, extra) if extra else block_hash(parent, tokens)
         chain.append(h)
         if self._pool.register(h, block):
             self._hash[block], self._content[block] = h, (parent, tokens)
+            if extra:
+                self._extra[block] = extra
 
     # --- allocation ---------------------------------------------------------------------------------------
 
-    def _plan(self, tokens: list[int]) -> tuple[list[int], int]:
+    def _extra_keys(self, spans: tuple, index: int) -> tuple:
+        """The image keys of block number `index` of a sequence with images `spans` (none when hash_mm is off)."""
+        return mm_extra_keys(spans, index * self.block_size, (index + 1) * self.block_size) \
+            if spans and self.hash_mm else ()
+
+    def _plan(self, tokens: list[int], spans: tuple = ()) -> tuple[list[int], int]:
         """(cached blocks a prompt would reuse, new blocks it needs beyond them); changes nothing."""
         bs, hits = self.block_size, []
         if self.enable_prefix_caching:
             parent = None
             for i in range((len(tokens) - 1) // bs):  # the last token is always computed again
-                block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
-                h = block_hash(parent, block_tokens)
+                block_tokens, extra = tuple(tokens[i * bs:(i + 1) * bs]), self._extra_keys(spans, i)
+                h = block_hash(parent, block_tokens, extra) if extra else block_hash(parent, block_tokens)
                 b = self._pool.by_hash.get(h)
-                if b is None or self._content[b] != (parent, block_tokens):  # a collision is a miss
+                if b is None or self._content[b] != (parent, block_tokens) \
+                        or self._extra.get(b, ()) != extra:  # a collision is a miss
                     break
                 hits.append(b)
                 parent = h
@@ -222,17 +242,20 @@ class BlockManager:
         """Could `token_ids` ever be allocated, with the whole pool free? False: refuse it at admission."""
         return blocks_needed(len(self._prompt(token_ids)), self.block_size) <= self.num_blocks
 
-    def can_allocate(self, token_ids: Sequence[int]) -> bool:
-        """Would allocate(..., token_ids) find enough blocks now, counting free blocks, evictable cached blocks
-        and prefix hits? The admission test a scheduler should use (see the module docstring)."""
-        return self._fits(*self._plan(self._prompt(token_ids)))
+    def can_allocate(self, token_ids: Sequence[int], mm: Sequence[tuple[int, int, str]] = ()) -> bool:
+        """Would allocate(..., token_ids, mm) find enough blocks now, counting free blocks, evictable cached
+        blocks and prefix hits? The admission test a scheduler should use (see the module docstring)."""
+        tokens = self._prompt(token_ids)
+        return self._fits(*self._plan(tokens, check_spans(mm, len(tokens))))
 
-    def allocate(self, seq_id, token_ids: Sequence[int]) -> int:
-        """Give new sequence `seq_id` blocks for its prompt `token_ids`; returns how many leading tokens the
-        prefix cache already holds (a multiple of block_size, always < len(token_ids))."""
+    def allocate(self, seq_id, token_ids: Sequence[int], mm: Sequence[tuple[int, int, str]] = ()) -> int:
+        """Give new sequence `seq_id` blocks for its prompt `token_ids` with images `mm` ((offset, length, image
+        hash) placeholder ranges, see the module docstring); returns how many leading tokens the prefix cache
+        already holds (a multiple of block_size, always < len(token_ids))."""
         seq_id = self._seq("seq_id", seq_id, exists=False)
         tokens = self._prompt(token_ids)
-        hits, new = self._plan(tokens)
+        spans = check_spans(mm, len(tokens))
+        hits, new = self._plan(tokens, spans)
         if blocks_needed(len(tokens), self.block_size) > self.num_blocks:
             raise LargerThanPoolError(f"a prompt of {plural(len(tokens), 'token')} is larger than the pool: it needs "
                                       f"{plural(blocks_needed(len(tokens), self.block_size), 'block')} of "
@@ -247,7 +270,7 @@ class BlockManager:
                 self._pool.take(b)
             self._ref[b] += 1
         table = hits + [self._take() for _ in range(new)]
-        self._tables[seq_id], self._tokens[seq_id] = table, tokens
+        self._tables[seq_id], self._tokens[seq_id], self._mm[seq_id] = table, tokens, spans
         self._hashes[seq_id] = [self._hash[b] for b in hits]
         cached = len(hits) * self.block_size
         self._computed[seq_id] = cached  # the rest is computed by the caller's forward: mark_computed
@@ -319,6 +342,7 @@ class BlockManager:
         for b in table:
             self._ref[b] += 1
         self._tables[child_id], self._tokens[child_id] = table, list(self._tokens[parent_id])
+        self._mm[child_id] = self._mm[parent_id]
         self._hashes[child_id] = list(self._hashes[parent_id])
         self._computed[child_id] = self._computed[parent_id]
 
@@ -326,7 +350,7 @@ class BlockManager:
         """Forget `seq_id`: each of its blocks loses a reference; unreferenced ones become cached or free."""
         seq_id = self._seq("seq_id", seq_id)
         self._release(self._tables.pop(seq_id))
-        del self._tokens[seq_id], self._hashes[seq_id], self._computed[seq_id]
+        del self._tokens[seq_id], self._hashes[seq_id], self._computed[seq_id], self._mm[seq_id]
         self._copies = [(src, dst) for src, dst in self._copies if self._ref[dst]]  # no copy into a freed block
 
     def shuffle_free(self, seed: int = 0) -> None:
@@ -361,6 +385,11 @@ class BlockManager:
     def hash_map(self) -> dict[int, tuple[int, int | None, tuple]]:
         """hash -> (block, parent hash, stored tokens) for every registered block (a copy, for tests and plots)."""
         return {h: (b, *self._content[b]) for h, b in self._pool.by_hash.items()}
+
+    def block_extra_keys(self, block_id: int) -> tuple:
+        """The image keys (image hash, offset) that registered block `block_id`'s hash includes (() if none)."""
+        self.ref_count(block_id)  # checks block_id
+        return self._extra.get(block_id, ())
 
     def free_blocks(self) -> list[int]:
         """The free list, the next block handed out first (a copy)."""

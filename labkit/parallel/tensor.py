@@ -24,15 +24,20 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .._checks import check_int, check_positive_int, fail
-from ..tinylm import KVCache, TinyLM, TinyLMConfig, linear_layers
+from ..tinylm import KVCache, TinyLM, TinyLMConfig, linear_layers, merge_embeds
 from .distributed import Pool, check_world, shared_pool
 
 
 def check_tp(cfg: TinyLMConfig, tp: int) -> int:
-    """`tp` if it splits TinyLM evenly: it must divide n_heads, n_kv_heads, d_ff and vocab_size. Real engines
-    (vLLM, TensorRT-LLM) go past n_kv_heads by replicating KV heads: tp / n_kv_heads ranks then hold a copy
-    of the same KV head, and the KV cache is stored that many times."""
-    tp = check_world(tp, "tp")
+    """`tp` if this machine can run that many ranks (check_world) and it splits TinyLM evenly (check_split)."""
+    return check_split(cfg, check_world(tp, "tp"))
+
+
+def check_split(cfg: TinyLMConfig, tp: int) -> int:
+    """`tp` (a positive int) if it splits TinyLM evenly, on any machine: it must divide n_heads, n_kv_heads, d_ff
+    and vocab_size. Real engines (vLLM, TensorRT-LLM) go past n_kv_heads by replicating KV heads: tp /
+    n_kv_heads ranks then hold a copy of the same KV head, and the KV cache is stored that many times."""
+    tp = check_positive_int("tp", tp)
     if cfg.n_heads % tp:
         fail("tp", tp, f"a divisor of n_heads={cfg.n_heads}: {cfg.n_heads} query heads cannot be shared "
              f"equally by {tp} ranks")
@@ -65,32 +70,48 @@ class ShardedTinyLM(nn.Module):
     """One rank's part of a TinyLM (TP degree `tp`), built from the full model's weights; forward() must run
     on every rank of the current group at once. `comm` counts the elements each collective moved."""
 
-    def __init__(self, full: TinyLM, rank: int, tp: int):
+    def __init__(self, full: TinyLM, rank: int, tp: int, sliced: bool = False):
         super().__init__()
         cfg = full.cfg
-        self.cfg, self.rank, self.tp = cfg, rank, check_tp(cfg, tp)
-        self.local = copy.deepcopy(full)  # norms, rotary tables and modules; weights replaced below
+        self.cfg, self.tp = cfg, check_tp(cfg, tp)
+        self.rank = check_int("rank", rank, 0, tp - 1)
+        self.local = full if sliced else copy.deepcopy(full)  # norms, rotary tables and modules
         for entry in linear_layers(cfg):
             mod = self.local.get_submodule(entry.path)
-            mod.weight = nn.Parameter(shard(mod.weight.detach(), entry.tp_style, rank, tp), requires_grad=False)
+            want = shard(torch.empty(entry.shape, device="meta"), entry.tp_style, rank, tp).shape
+            if sliced and mod.weight.shape != want:
+                fail("full", f"{entry.path} of shape {tuple(mod.weight.shape)}", f"rank {rank}'s slice {tuple(want)}")
+            if not sliced:
+                mod.weight = nn.Parameter(shard(mod.weight.detach(), entry.tp_style, rank, tp), requires_grad=False)
         for block in self.local.layers:
             block.attn.n_heads, block.attn.n_kv_heads = cfg.n_heads // tp, cfg.n_kv_heads // tp
         self.vocab_start = rank * cfg.vocab_size // tp
         self.comm = {"all_reduce": 0, "all_gather": 0}
+
+    @classmethod
+    def from_local(cls, local: TinyLM, rank: int, tp: int) -> "ShardedTinyLM":
+        """A rank's shard from a model that already holds only that rank's slices (built with the full config
+        and loaded from the rank's part of a checkpoint, lab 07): no full copy of the weights ever exists on
+        the rank. Refuses a weight whose shape is not the rank's slice."""
+        if not isinstance(local, TinyLM):
+            fail("local", type(local).__name__, "a TinyLM holding one rank's slices", TypeError)
+        return cls(local, rank, tp, sliced=True)
 
     def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         self.comm["all_reduce"] += x.numel()
         dist.all_reduce(x)
         return x
 
-    def forward(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache=None, embeds=None) -> torch.Tensor:
         """Full logits [B, T, vocab] (the same on every rank) for tokens [B, T], continuing `cache` (a KVCache
-        built with shard_config, or a BatchedCache over this rank's KV heads: the serving lab) when given."""
+        built with shard_config, or a BatchedCache over this rank's KV heads: the serving lab) when given;
+        `embeds` (labkit.tinylm.merge_embeds) overwrites token embeddings after the all-reduce (lab 07)."""
         m, (B, T) = self.local, tokens.shape
         cos, sin, start = m.rope(tokens, cache)
         local = tokens - self.vocab_start
         mine = (local >= 0) & (local < m.tok_emb.weight.shape[0])
         x = self._all_reduce(m.tok_emb(local.clamp(0, m.tok_emb.weight.shape[0] - 1)) * mine[..., None])
+        x = merge_embeds(x, embeds)
         for i, block in enumerate(m.layers):
             x = x + self._all_reduce(block.attn(block.attn_norm(x), cos, sin, cache, i, start))
             x = x + self._all_reduce(block.mlp(block.mlp_norm(x)))
@@ -111,10 +132,11 @@ def rebuild_model(cfg: TinyLMConfig, state: dict) -> TinyLM:
 
 
 @torch.no_grad()
-def logits_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, tokens: torch.Tensor) -> dict:
+def logits_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, tokens: torch.Tensor,
+                  embeds=None) -> dict:
     """One rank of tensor_parallel_logits: the full logits and the elements each collective moved."""
     sharded = ShardedTinyLM(rebuild_model(cfg, state), rank, world)
-    return {"logits": sharded(tokens), "comm": dict(sharded.comm)}
+    return {"logits": sharded(tokens, embeds=embeds), "comm": dict(sharded.comm)}
 
 
 @torch.no_grad()
@@ -148,13 +170,15 @@ def tp_inputs(model, tp: int, pool: Pool | None) -> tuple[TinyLMConfig, dict]:
     return model.cfg, state
 
 
-def tensor_parallel_logits(model: TinyLM, tokens: torch.Tensor, tp: int, pool: Pool | None = None) -> torch.Tensor:
+def tensor_parallel_logits(model: TinyLM, tokens: torch.Tensor, tp: int, pool: Pool | None = None,
+                           embeds=None) -> torch.Tensor:
     """Runs TinyLM split over `tp` real gloo processes (Megatron split) and returns the full logits
     [B, T, vocab]. Refuses a `tp` that does not divide the heads, KV heads, d_ff or vocabulary before any
-    process starts. `pool` defaults to the session's shared pool of that size."""
+    process starts. `pool` defaults to the session's shared pool of that size. `embeds`: see
+    labkit.tinylm.merge_embeds."""
     cfg, state = tp_inputs(model, tp, pool)
-    model(tokens)  # TinyLM's own checks of the tokens, here rather than on every rank
-    return (pool or shared_pool(tp)).run(logits_worker, cfg, state, tokens)[0]["logits"]
+    model(tokens, embeds=embeds)  # TinyLM's own checks of the inputs, here rather than on every rank
+    return (pool or shared_pool(tp)).run(logits_worker, cfg, state, tokens, embeds)[0]["logits"]
 
 
 def tensor_parallel_generate(model: TinyLM, prompt: list[int], max_new_tokens: int, tp: int,

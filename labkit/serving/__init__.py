@@ -2,7 +2,8 @@
 metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --model data/tinylm --port 8000`).
 
     sampling   SamplingParams; temperature, top-k, top-p, min-p in one documented order
-    sequence   Sequence: one request's tokens, state and timestamps
+    sequence   Sequence: one request's tokens, images, state and timestamps
+    mm         MultiModalInput: a request's images (placeholder ranges + features) -> StepInput.embeds (lab 07)
     scheduler  waiting / running / swapped queues; static, continuous and chunked-prefill policies;
                preemption by recompute or swap; priorities with a starvation bound
     batch      StepInput (one step, packed) and PagedBatch (attention per sequence over the paged pool)
@@ -10,9 +11,12 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
     engine     Engine: add_request / step / abort; offline replays of a trace on a measured or modelled clock
     workload   Poisson / gamma arrivals and request traces from the course's tasks
     metrics    TTFT, TPOT, ITL, end-to-end latency, throughput and goodput (vLLM's benchmark definitions)
-    tp         TPRunner / tp_engine: the model over tensor-parallel gloo ranks (lab 04's Pool)
+    tp         TPRunner / tp_engine: the model over tensor-parallel gloo ranks (lab 04's Pool); from_builder /
+               built_tp_engine: each rank builds (loads) its own shard (lab 07)
     detokenize TextDecoder: incremental UTF-8 text and OpenAI stop strings
-    protocol   OpenAI's request and response bodies, the chat template, APIError
+    processor  Prompt, Processor, TextProcessor, message_parts: a request -> what the engine runs (the chat
+               template; lab 07's VLMProcessor adds images)
+    protocol   OpenAI's request and response bodies, APIError
     stream     RequestStream, Chunk: one request's output as an asyncio stream of text
     service    Service: one engine on one thread behind those streams
     api        make_app (FastAPI: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics),
@@ -21,25 +25,27 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
     explore    the plots and the scheduler widget;  exercises   the notebook's exercises
 """
 
-from . import (api, batch, detokenize, engine, exercises, explore, launch, metrics, protocol, runner, sampling,
+from . import (api, batch, detokenize, engine, exercises, explore, launch, metrics, mm, processor, protocol, runner, sampling,
                scheduler, sequence, service, stream, tp, workload)
 from .api import ServerThread, make_app
 from .detokenize import TextDecoder
 from .batch import PagedBatch, StepInput
 from .engine import Engine, StepCost, StepOutput
 from .metrics import Record, request_metrics, summarize
+from .mm import MultiModalInput, check_mm, step_embeds
+from .processor import Processor, Prompt, TextProcessor
 from .protocol import APIError
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, probabilities, sample, sample_batch
 from .scheduler import POLICIES, PREEMPTION_MODES, Scheduler
 from .sequence import Sequence, Status
 from .service import Service, ServiceUnavailable
-from .tp import TPRunner, tp_engine
+from .tp import TPRunner, built_tp_engine, tp_engine
 from .workload import TraceRequest, arrival_times, make_trace
 
-__all__ = ["api", "batch", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "protocol", "runner",
+__all__ = ["api", "batch", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "mm", "processor", "protocol", "runner",
            "sampling", "scheduler", "sequence", "service", "stream", "tp", "workload", "ServerThread", "make_app", "TextDecoder",
-           "PagedBatch", "StepInput", "Engine", "StepCost", "StepOutput", "Record", "request_metrics", "summarize",
-           "APIError", "ModelRunner", "SamplingParams", "make_generator", "probabilities", "sample", "sample_batch",
+           "PagedBatch", "StepInput", "Engine", "StepCost", "StepOutput", "MultiModalInput", "check_mm", "step_embeds", "Record", "request_metrics", "summarize",
+           "Processor", "Prompt", "TextProcessor", "APIError", "ModelRunner", "SamplingParams", "make_generator", "probabilities", "sample", "sample_batch",
            "POLICIES", "PREEMPTION_MODES", "Scheduler", "Sequence", "Status", "Service", "ServiceUnavailable",
-           "TPRunner", "tp_engine", "TraceRequest", "arrival_times", "make_trace"]
+           "TPRunner", "built_tp_engine", "tp_engine", "TraceRequest", "arrival_times", "make_trace"]

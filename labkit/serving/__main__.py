@@ -1,18 +1,30 @@
-"""`python -m labkit.serving --model PATH --tp N --port P`: serve TinyLM over the OpenAI API with one command
-(notebook 06, section 7 starts it as a subprocess).
+"""`python -m labkit.serving --model PATH --tp N --port P`: serve a model over the OpenAI API with one command
+(notebook 06, section 7 starts it as a subprocess; notebook 07 serves TinyVLM's release with it).
 
     python -m labkit.serving --model data/tinylm --port 8000            # then: curl localhost:8000/health
     python -m labkit.serving --model data/tinylm.safetensors --port 0   # port 0: a free port, printed
+    python -m labkit.serving --model data/tinyvlm --tp 2 --port 0       # a Hugging Face-style release folder
+
+--model is a TinyLM checkpoint (PATH.safetensors + PATH.json), or a release folder (config.json and its
+safetensors shards). A release is served by the loader its config.json's "model_type" names in MODEL_TYPES:
+"module:function" strings imported only when that model is served, the way vLLM's ModelRegistry maps
+architectures to lazily imported model classes (vllm/model_executor/models/registry.py, _LazyRegisteredModel;
+ModelRegistry.register_model also takes "module:Class" strings; vLLM keys on config.json's "architectures",
+here one model type is one architecture). So this package never imports the lab that adds the model (imports
+only go down): labkit.day0 registers nothing, it is named here.
 
 The HTTP server listens first and the model loads behind it (/health answers 503 until a one-token forward
 succeeded), then one line goes to stdout: "serving <model> on http://HOST:PORT/v1". SIGTERM or SIGINT stops
-it cleanly (exit code 0). A missing checkpoint or a bad option exits with code 2 and a message; a checkpoint
-that fails to load, or an engine that fails while serving, exits with code 1.
+it cleanly (exit code 0). A missing checkpoint, a folder that is not a release of a known model type, a --tp
+that does not divide the model, or another bad option exits with code 2 and a message; a checkpoint that fails
+to load (for a release: a rank that cannot read its slices, named with the cause), or an engine that fails
+while serving, exits with code 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -22,11 +34,37 @@ from pathlib import Path
 
 import torch
 
+from .._checks import fail
 from ..parallel import tensor
 from ..tinylm import TinyLMConfig, load_pretrained
 from .api import ServerThread, make_app
 from .scheduler import POLICIES, PREEMPTION_MODES
 from .service import Service
+
+
+MODEL_TYPES = {"tinyvlm": "labkit.day0.serve:engine_loader"}
+"""config.json's model_type -> "module:function": function(args, engine_options) checks the options against
+the release (--tp, the folder) raising ValueError / TypeError / OSError that say why, and returns the Service's
+loader, run on the engine thread: load() -> (engine, processor, tokenizer) (labkit.serving.service)."""
+
+
+def model_loader(model_type: str):
+    """The loader factory MODEL_TYPES names for `model_type`, imported now (KeyError-free: ValueError)."""
+    if model_type not in MODEL_TYPES:
+        fail("model_type", model_type, f"one of {sorted(MODEL_TYPES)} (the model types this server can load)")
+    module, _, name = MODEL_TYPES[model_type].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def release_config(path: str) -> dict | None:
+    """The config.json of a release folder `path` (None: `path` is not a folder holding one)."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        return None
+    config = json.loads(file.read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: a JSON {type(config).__name__}, expected an object")
+    return config
 
 
 def checkpoint_stem(path: str) -> Path | None:
@@ -54,7 +92,8 @@ def _positive(text: str) -> int:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m labkit.serving", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="TinyLM checkpoint: data/tinylm, or its .safetensors / .json")
+    parser.add_argument("--model", required=True, help="TinyLM checkpoint (data/tinylm, or its .safetensors / "
+                        ".json) or a release folder with config.json (data/tinyvlm)")
     parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree: model processes over gloo (a divisor of the heads)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -74,12 +113,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in [0, 65535], got {args.port}")
+    if args.block_size & (args.block_size - 1):
+        parser.error(f"--block-size must be a power of two, got {args.block_size}")
+    args.load = None
+    try:
+        config = release_config(args.model)
+        if config is not None:  # a release folder: its model type's loader checks the options against it
+            factory = model_loader(config.get("model_type"))
+            args.load, args.stem = factory(args, engine_options(args)), Path(args.model).resolve()
+    except (ValueError, TypeError, OSError, ImportError) as e:
+        parser.error(f"--model {args.model}: {e}")
+    if args.load is not None:
+        args.name = args.served_model_name or args.stem.name
+        return args
     args.stem = checkpoint_stem(args.model)
     if args.stem is None:
         parser.error(f"--model {args.model}: no TinyLM checkpoint there (expected PATH.safetensors and PATH.json, "
-                     f"e.g. data/tinylm); rebuild it with `python -m labkit.tinylm.train`")
-    if args.block_size & (args.block_size - 1):
-        parser.error(f"--block-size must be a power of two, got {args.block_size}")
+                     f"e.g. data/tinylm) and no release (config.json); rebuild it with `python -m labkit.tinylm.train`")
     try:  # the config is small: check --tp against it here (exit 2), before the HTTP server starts
         cfg = TinyLMConfig.from_dict(json.loads(args.stem.with_suffix(".json").read_text())["config"])
         tensor.check_tp(cfg, args.tp)
@@ -91,10 +141,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def engine_options(args: argparse.Namespace) -> dict:
+    """The Engine keywords the options give (KV pool, batch, policy, preemption)."""
+    return dict(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                policy=args.policy, preemption=args.preemption, history_limit=1000)
+
+
 def engine_loader(args: argparse.Namespace):
-    """A function that builds (on the service's engine thread) the Engine the options describe."""
-    options = dict(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                   policy=args.policy, preemption=args.preemption, history_limit=1000)
+    """A function that builds (on the service's engine thread) the Engine the options describe (for a release:
+    the loader its model type's factory made in parse_args)."""
+    if getattr(args, "load", None) is not None:
+        return args.load
+    options = engine_options(args)
 
     def load():
         model, _ = load_pretrained(args.stem)
@@ -107,8 +165,8 @@ def engine_loader(args: argparse.Namespace):
 
 
 def close_engine(engine) -> None:
-    """Stop a TP engine's rank processes (a one-process engine has nothing to close)."""
-    close = getattr(engine.runner, "close", None)
+    """Stop a TP engine's rank processes (a one-process engine, or none after a failed load, has nothing)."""
+    close = getattr(getattr(engine, "runner", None), "close", None)
     if close is not None:
         close()
 

@@ -4,7 +4,8 @@
     GET  /health                503 {"status": "loading" | "failed", ...} until warmup succeeded, then 200
     GET  /v1/models             the one model (its id is the served model name); /v1/models/{id} too
     POST /v1/completions        prompt (a string) -> text; "stream": true sends server-sent events
-    POST /v1/chat/completions   messages -> the chat template (protocol.py) -> the assistant's message
+    POST /v1/chat/completions   messages (text and image_url parts) -> the model's processor -> the assistant's
+                                message
     GET  /metrics               Prometheus text: running, waiting, swapped, KV usage, prefix cache, preemptions,
                                 requests and tokens (names "labkit:...", as vLLM's "vllm:...")
 
@@ -56,7 +57,11 @@ FINISHED = ("stop", "length", "abort", "error")
 
 
 MAX_BODY_BYTES = 1_000_000
-"""Largest request body (bytes): TinyLM's context is 256 tokens; a bigger body gets a 413 before it is parsed."""
+"""Largest request body (bytes): TinyLM's context is 256 tokens and TinyVLM's 32x32 images are a few KB as data
+URLs; a bigger body gets a 413 before it is parsed. Lab 07's per-image limit, labkit.day0.multimodal
+.MAX_IMAGE_BYTES (512 KiB decoded, 699,052 bytes as base64), is set below this so that one image at that limit
+fits in a body: an image over it gets the processor's 400 naming its url field, not this 413. Keep
+4 * ceil(MAX_IMAGE_BYTES / 3) well under MAX_BODY_BYTES (tests/day0/test_http_limits.py checks it over HTTP)."""
 DISCONNECT_POLL_S = 0.1
 """How often a non-streaming request checks that its client is still connected (seconds)."""
 
@@ -112,14 +117,32 @@ class _CatchAll:
 
 
 async def _submit(service: Service, req):
+    """The request's Prompt (made by the model's processor, off the event loop), then its stream."""
+    field = "messages" if req.kind == "chat" else "prompt"
+    prompt = None
     try:
-        return await service.submit(req.prompt, req.params, req.stop)
+        prompt = await service.process(req.kind, req.prompt)
+        return await service.submit(prompt, req.params, req.stop)
     except ServiceUnavailable as e:
         raise APIError(503, str(e), type="service_unavailable_error", code="model_not_ready") from None
     except LargerThanPoolError as e:
         raise APIError(400, f"the request does not fit in the KV cache: {e}", None, "request_too_large") from None
-    except (ValueError, TypeError) as e:
-        raise refusal(e) from None
+    except (ValueError, TypeError) as e:  # the processor's (a bad image, ...) name their field; the engine's say
+        # "prompt", worded for the request by _engine_refusal
+        raise (refusal(e, default=field) if prompt is None else _engine_refusal(e, req.kind, prompt)) from None
+
+
+def _engine_refusal(error: Exception, kind: str, prompt) -> APIError:
+    """The 400 for an Engine refusal of a processed Prompt: what it calls "prompt" is a chat request's
+    "messages", and a refused prompt says how many of its tokens are image tokens (Prompt.num_image_tokens)."""
+    message = str(error)
+    if not message.startswith("prompt must be "):  # max_tokens, ...: the engine's name is the request's field
+        return refusal(error)
+    if kind == "chat":
+        message = "messages" + message.removeprefix("prompt")
+    if prompt.num_image_tokens:
+        message += f" ({prompt.num_image_tokens} of its {len(prompt.token_ids)} tokens are image tokens)"
+    return refusal(type(error)(message), "messages" if kind == "chat" else "prompt")
 
 
 async def _events(stream, reply: Reply, req):

@@ -1,7 +1,8 @@
 """One engine step as the model sees it: several sequences of different lengths packed into one forward over
 the paged KV pool (notebook 06, section 2). The engine side (scheduler, block manager) writes a StepInput; the
 model side (labkit.serving.runner, one per tensor-parallel rank) runs TinyLM on it through a PagedBatch, the
-BatchedCache that stores each new key and value in its slot and runs attention per sequence.
+BatchedCache that stores each new key and value in its slot and runs attention per sequence. A step gives
+StepOutputs (one per sampled token); StepCost models its seconds where a result must not depend on the machine.
 
     sequences        a (decode)   b (prefill chunk of 3)   c (decode)
     tokens  [N=5]    a7          b0 b1 b2                  c40          one row: the linear layers see 5 tokens
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .._checks import fail
+from .._checks import check_positive, fail
 
 Pools = tuple[torch.Tensor, torch.Tensor]  # k, v: [n_layers, n_kv_heads, num_blocks * block_size, head_dim]
 
@@ -36,7 +37,9 @@ class StepInput:
     order of the packed tokens; sample_rows: the sequences (indices) whose last token's logits are wanted.
     swap_out: (key, blocks) to copy to host memory before anything is written; drop: keys whose host copy is
     no longer needed (aborted); copies: copy-on-write block copies (src, dst); swap_in: (key, first, blocks):
-    host blocks first, first + 1, ... of key go back into `blocks` (the ones before `first` were prefix hits)."""
+    host blocks first, first + 1, ... of key go back into `blocks` (the ones before `first` were prefix hits).
+    embeds: None, or (rows int64 [n] into the packed tokens, values [n, d_model]): image features that replace
+    those tokens' embeddings (lab 07, labkit.serving.mm.step_embeds)."""
     tokens: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
@@ -48,6 +51,7 @@ class StepInput:
     swap_out: list[tuple[str, list[int]]] = field(default_factory=list)
     swap_in: list[tuple[str, int, list[int]]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +65,31 @@ class StepInput:
         """int64 indices into the packed tokens: the last token of each sequence in sample_rows."""
         ends = torch.tensor(self.query_lens).cumsum(0) - 1
         return ends[self.sample_rows]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One token a request produced in a step; finished and finish_reason say whether it was its last."""
+    request_id: str
+    token_id: int
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Modelled seconds per step: overhead + per_token x tokens computed + per_seq x sequences in the batch
+    (a stand-in for measured time where a result must not depend on the machine)."""
+    overhead: float = 2e-3
+    per_token: float = 2e-5
+    per_seq: float = 5e-5
+
+    def __post_init__(self):
+        for name in ("overhead", "per_token", "per_seq"):
+            check_positive(name, getattr(self, name), "seconds", allow_zero=True)
+
+    def seconds(self, num_tokens: int, num_seqs: int) -> float:
+        return self.overhead + self.per_token * num_tokens + self.per_seq * num_seqs if num_tokens else 0.0
 
 
 def slot_table(block_tables: list[list[int]], lengths: list[int], block_size: int) -> torch.Tensor:

@@ -21,35 +21,19 @@ import hashlib
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence as Seq
 
 import torch
 
-from .._checks import check_int, check_number, check_positive, check_positive_int, check_type, fail
+from .._checks import check_int, check_number, check_positive_int, check_type, fail
 from ..kv_cache import BlockManager, blocks_needed
 from ..tinylm import TinyLMConfig, check_tinylm
-from .batch import StepInput
+from .batch import StepCost, StepInput, StepOutput  # StepCost, StepOutput: re-exported (lab 06 API)
+from .mm import MultiModalInput, step_embeds
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence, Status
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """Modelled seconds per step: overhead + per_token x tokens computed + per_seq x sequences in the batch
-    (a stand-in for measured time where a result must not depend on the machine)."""
-    overhead: float = 2e-3
-    per_token: float = 2e-5
-    per_seq: float = 5e-5
-
-    def __post_init__(self):
-        for name in ("overhead", "per_token", "per_seq"):
-            check_positive(name, getattr(self, name), "seconds", allow_zero=True)
-
-    def seconds(self, num_tokens: int, num_seqs: int) -> float:
-        return self.overhead + self.per_token * num_tokens + self.per_seq * num_seqs if num_tokens else 0.0
+from .sequence import Sequence, Status, check_request
 
 
 def default_num_blocks(cfg, max_num_seqs: int, block_size: int) -> int:
@@ -57,24 +41,17 @@ def default_num_blocks(cfg, max_num_seqs: int, block_size: int) -> int:
     return check_positive_int("max_num_seqs", max_num_seqs) * blocks_needed(cfg.max_seq_len, block_size)
 
 
-@dataclass(frozen=True)
-class StepOutput:
-    """One token a request produced in a step; finished and finish_reason say whether it was its last."""
-    request_id: str
-    token_id: int
-    finished: bool
-    finish_reason: str | None
-
-
 class Engine:
     """A TinyLM serving engine over a paged KV cache of `num_blocks` blocks of `block_size` tokens (default:
     room for max_num_seqs full contexts). Give `model` (a TinyLM, run in this process) or `runner` (anything
-    with cfg and execute(StepInput): the tensor-parallel runner of labkit.serving.tp)."""
+    with cfg and execute(StepInput): the tensor-parallel runner of labkit.serving.tp). Requests may carry images
+    (add_request(mm=...), labkit.serving.mm); hash_mm=False builds the naive prefix cache that hashes tokens
+    only, so two images with the same placeholders share KV (notebook 07 shows it answering wrongly)."""
 
     def __init__(self, model=None, *, runner=None, num_blocks: int | None = None, block_size: int = 16,
                  policy: str = "continuous", max_num_seqs: int = 32, max_num_batched_tokens: int | None = None,
                  preemption: str = "recompute", max_wait: float | None = None, enable_prefix_caching: bool = True,
-                 seed: int = 0, clock="wall", history_limit: int | None = None):
+                 seed: int = 0, clock="wall", history_limit: int | None = None, hash_mm: bool = True):
         if (model is None) == (runner is None):
             fail("model", model, "a TinyLM, or None with a runner (exactly one of the two)", TypeError)
         if runner is None:
@@ -85,7 +62,7 @@ class Engine:
             self.cfg = runner.cfg
         context = self.cfg.max_seq_len
         num_blocks = default_num_blocks(self.cfg, max_num_seqs, block_size) if num_blocks is None else num_blocks
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching, self.cfg.vocab_size)
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching, self.cfg.vocab_size, hash_mm)
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(context, max_num_seqs) if policy != "chunked" else max(64, max_num_seqs)
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, preemption,
@@ -124,25 +101,18 @@ class Engine:
     # --- requests -----------------------------------------------------------------------------------------
 
     def add_request(self, prompt: Seq[int], params: SamplingParams | None = None, request_id: str | None = None,
-                    priority: int = 0, arrival: float | None = None) -> str:
-        """Queue a request; returns its id (request_id, or "req-N" when None). Everything is checked before
-        anything is queued."""
+                    priority: int = 0, arrival: float | None = None, mm: Seq[MultiModalInput] = ()) -> str:
+        """Queue a request; returns its id (request_id, or "req-N" when None). `mm`: its images (placeholder
+        ranges of the prompt with their features, labkit.serving.mm). Everything is checked before anything is
+        queued."""
         generated = False
         params = SamplingParams() if params is None else params
         while request_id is None or request_id in self.requests and generated:  # never a name a caller used
             request_id, generated = f"req-{next(self._ids)}", True
-        seq = Sequence(request_id, prompt, params, self.now if arrival is None else arrival, priority)
+        seq = Sequence(request_id, prompt, params, self.now if arrival is None else arrival, priority, mm)
         if request_id in self.requests:
             fail("request_id", request_id, "a new request id (this one is already taken)")
-        bad = [t for t in seq.prompt if t >= self.cfg.vocab_size]
-        if bad:
-            fail("prompt", bad[0], f"token ids in [0, {self.cfg.vocab_size}) (the model's vocabulary)")
-        if seq.num_prompt_tokens >= self.cfg.max_seq_len:
-            fail("prompt", f"{seq.num_prompt_tokens} tokens", f"at most {self.cfg.max_seq_len - 1} tokens (the "
-                 f"model's context is {self.cfg.max_seq_len}, and one token must be left to generate)")
-        if seq.max_total_tokens > self.cfg.max_seq_len:
-            fail("max_tokens", params.max_tokens, f"<= {self.cfg.max_seq_len - seq.num_prompt_tokens}: the prompt "
-                 f"has {seq.num_prompt_tokens} tokens and the model's context is {self.cfg.max_seq_len}")
+        check_request(seq, self.cfg)
         self.scheduler.add(seq)  # refuses (LargerThanPoolError) a request larger than the whole KV pool
         if not params.greedy:
             seed = params.seed if params.seed is not None else int.from_bytes(
@@ -197,7 +167,7 @@ class Engine:
                          torch.tensor(slots, dtype=torch.long), [s.num_tokens for s in sched.scheduled],
                          [s.start + s.num_tokens for s in sched.scheduled], tables,
                          [i for i, s in enumerate(sched.scheduled) if s.samples], bm.take_copies(),
-                         sched.swap_out, [(k, f, b) for k, f, b in sched.swap_in], drops)
+                         sched.swap_out, [(k, f, b) for k, f, b in sched.swap_in], drops, step_embeds(sched.scheduled))
 
     def step(self) -> list[StepOutput]:
         """One scheduler step and one batched forward; the tokens it produced (see the module docstring)."""

@@ -5,6 +5,10 @@ and stopped whatever happens (notebook 06, section 6; the benchmarks and the sub
         client = openai.OpenAI(base_url=service.url, api_key="any", max_retries=0)
         ...
     service.returncode                                        # 0 after a clean SIGTERM
+    start_service("data/tinyvlm", args=["--tp", "2"])         # a release folder (lab 07): its ranks load it
+
+A service that cannot start (exit 2: a bad option or folder; exit 1: the load failed, e.g. a rank could not read
+its shard) raises RuntimeError with the reason and the end of its stderr.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ from ..paths import ROOT, TINYLM_CHECKPOINT
 
 
 class ServiceProcess:
-    """`python -m labkit.serving --model MODEL --port 0 [args]` running in a child process: `url` is its
-    OpenAI base URL (http://127.0.0.1:PORT/v1) once /health answered 200; torch runs on `threads` threads
-    (OMP_NUM_THREADS: TinyLM's matmuls are too small to gain from more, see the notebook). Use it in a `with`
-    block (or call stop() in a finally): the process is stopped (SIGTERM, then kill) whatever happens, and its
-    exit code is in `returncode`."""
+    """`python -m labkit.serving --model MODEL --port 0 [args]` running in a child process (MODEL: a TinyLM
+    checkpoint or a release folder): `url` is its OpenAI base URL (http://127.0.0.1:PORT/v1) once /health
+    answered 200; torch runs on `threads` threads (OMP_NUM_THREADS: TinyLM's matmuls are too small to gain from
+    more, see the notebook). Use it in a `with` block (or call stop() in a finally): the process is stopped
+    (SIGTERM, then kill) whatever happens, and its exit code is in `returncode`."""
 
     def __init__(self, model=TINYLM_CHECKPOINT, args: Iterable[str] = (), timeout: float = 60.0, threads: int = 1):
         check_number("timeout", timeout, low=0.0, low_open=True, unit="s")
@@ -119,5 +123,6 @@ class ServiceProcess:
 
 def start_service(model=TINYLM_CHECKPOINT, args: Iterable[str] = (), timeout: float = 60.0,
                   threads: int = 1) -> ServiceProcess:
-    """Start `python -m labkit.serving` on a free port and wait until it is healthy (notebook 06, section 6)."""
+    """Start `python -m labkit.serving --model MODEL` (a TinyLM checkpoint or a release folder) on a free port
+    and wait until it is healthy (notebook 06, section 6; notebook 07 serves data/tinyvlm with it)."""
     return ServiceProcess(model, args, timeout, threads)

@@ -6,25 +6,24 @@ range is a 400 naming it (`param`), an unknown model a 404 "model_not_found". Fi
 implement (logprobs, echo, suffix, penalties, logit_bias, tools, n > 1, ...) are refused with a 400 naming them
 unless they hold their default value; "user" is accepted and ignored; any other unknown field is a 400.
 
-Chat template. TinyLM was trained on one-line documents ("12+7=19", "copy abc -> abc", plain sentences) and
-never on role-tagged dialogue, so the template is plain text: the messages' contents in order, one per line,
-with no role markers, and the reply continues the last line. A newline ends a TinyLM document, so for chat it
-is a stop sequence: the reply ends at the end of its line (the newline is not part of it).
-
-    [{"role": "user", "content": "copy hello -> "}]  ->  prompt "copy hello -> "  ->  reply "hello"  ("stop")
+The chat template is the processor's (labkit.serving.processor): a chat request's `messages` are checked
+against OpenAI's schema here (text and image_url parts) and handed on whole, not flattened to text. A newline
+ends a TinyLM document, so for chat it is a stop sequence: the reply ends at the end of its line (the newline
+is not part of it).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
 
 from .._checks import check_bool, check_int, check_number, check_positive_int, check_type, fail, is_number
+from .processor import message_parts, prompt_text
 from .sampling import SamplingParams
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
 CHAT_STOP = ("\n",)
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 IGNORED = ("user",)
@@ -49,11 +48,16 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def refusal(error: Exception, param: str | None = None) -> APIError:
-    """A 400 from a labkit refusal ("<name> must be ..., got ..."): `param` is that name unless given."""
+FIELD_PATH = re.compile(r"[A-Za-z_]\w*(?:\[\d+\]|\.\w+)*")
+"""A field as OpenAI's `param` names it: max_tokens, messages[0].content[1].image_url.url"""
+
+
+def refusal(error: Exception, param: str | None = None, default: str | None = None) -> APIError:
+    """A 400 from a labkit refusal ("<name> must be ..., got ..."): `param` when given, else that name (a field
+    path such as messages[0].content[1].type), else `default`."""
     message = str(error)
-    name = param or (message.split(" must be ", 1)[0] if " must be " in message else None)
-    name = name if name and name.replace("_", "").isalnum() else None
+    name = message.split(" must be ", 1)[0] if " must be " in message else None
+    name = param or (name if name and FIELD_PATH.fullmatch(name) else default)
     code = "invalid_type" if isinstance(error, TypeError) else "invalid_value"
     return APIError(400, message, name, code)
 
@@ -62,7 +66,7 @@ def refusal(error: Exception, param: str | None = None) -> APIError:
 class GenerationRequest:
     """A checked /v1/completions or /v1/chat/completions body: what to run and how to answer."""
     kind: str                 # "completion" or "chat"
-    prompt: str
+    prompt: str | list        # completion: the prompt text; chat: the messages (checked, OpenAI's schema)
     params: SamplingParams
     stop: tuple[str, ...]
     stream: bool
@@ -101,17 +105,6 @@ def _same(value, default) -> bool:
     return type(value) is type(default) and value == default
 
 
-def _prompt(name: str, value) -> str:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        value = value[0]
-    if not isinstance(value, str):
-        fail(name, value, "a string (or a list of one string; token-id and batched prompts are not supported)",
-             TypeError)
-    if not value:
-        fail(name, value, "a non-empty string")
-    return value
-
-
 def _stop(name: str, value) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
@@ -119,25 +112,6 @@ def _stop(name: str, value) -> tuple[str, ...]:
     if len(stops) > MAX_STOP or not all(stops):
         fail(name, value, f"at most {MAX_STOP} non-empty strings")
     return tuple(stops)
-
-
-def _content(value) -> str:
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                       and isinstance(p.get("text"), str) for p in value):
-        return "".join(p["text"] for p in value)
-    if not isinstance(value, str):
-        fail("messages content", value, 'a string or a list of {"type": "text", "text": ...} parts', TypeError)
-    return value
-
-
-def chat_prompt(messages) -> str:
-    """The chat template (module docstring): the contents in order, one per line, no role markers."""
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        fail("messages", messages, "a non-empty list of message objects", TypeError)
-    for m in messages:
-        if m.get("role") not in CHAT_ROLES:
-            fail("messages", m, f"messages whose role is one of {CHAT_ROLES}")
-    return _prompt("messages", "\n".join(_content(m.get("content")) for m in messages))
 
 
 def _stream_options(name: str, value) -> bool:
@@ -166,7 +140,14 @@ def parse_request(body: dict, kind: str, model_name: str) -> GenerationRequest:
     required = "prompt" if kind == "completion" else "messages"
     if body.get(required) is None:
         raise APIError(400, f"{required} is a required field", required, "missing_required_parameter")
-    prompt = _get(body, "prompt", _prompt) if kind == "completion" else _get(body, "messages", lambda n, v: chat_prompt(v))
+    if kind == "completion":
+        prompt = _get(body, "prompt", prompt_text)
+    else:
+        prompt = body["messages"]
+        try:  # the shape only (roles, parts); the model's processor reads the contents
+            message_parts(prompt)
+        except (TypeError, ValueError) as e:
+            raise refusal(e, default="messages") from None
     max_tokens = _get(body, "max_tokens", lambda n, v: check_positive_int(n, v, "tokens"), 16)
     max_tokens = _get(body, "max_completion_tokens", lambda n, v: check_positive_int(n, v, "tokens"), max_tokens)
     top_k = _get(body, "top_k", lambda n, v: check_int(n, v, -1), 0)

@@ -7,7 +7,8 @@ parallelism every rank holds one ModelRunner over its shard and its own KV heads
                     2. drop:     forget the host copies of aborted requests
                     3. copies:   copy-on-write block copies
                     4. swap_in:  host memory -> the new blocks
-                    5. TinyLM forward over the packed tokens (PagedBatch writes the new K/V, attends)
+                    5. TinyLM forward over the packed tokens (PagedBatch writes the new K/V, attends), with
+                       embeds= (image features over their placeholder tokens) only when the step has some
                     -> logits [len(step.sample_rows), vocab] in float32
 """
 
@@ -21,12 +22,30 @@ from ..tinylm import TinyLMConfig
 from .batch import PagedBatch, StepInput
 
 
+def check_pools(pools, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, v) if both are contiguous tensors of `shape` and `dtype` whose bytes do not overlap."""
+    if not (isinstance(pools, tuple) and len(pools) == 2 and all(isinstance(p, torch.Tensor) for p in pools)):
+        fail("pools", type(pools).__name__, "a pair (k, v) of torch.Tensors, or None", TypeError)
+    for name, p in zip("kv", pools):
+        if tuple(p.shape) != tuple(shape) or p.dtype != dtype or not p.is_contiguous():
+            fail(f"pools[{'kv'.index(name)}]", f"{p.dtype} {tuple(p.shape)}", f"a contiguous {dtype} tensor of "
+                 f"shape {tuple(shape)} (the {name.upper()} pool: layers, KV heads, slots, head_dim)")
+    (a, b), n = sorted(p.data_ptr() for p in pools), pools[0].numel() * pools[0].element_size()
+    if b < a + n:
+        fail("pools", "two views sharing bytes", "K and V pools that do not overlap")
+    return pools
+
+
 class ModelRunner:
     """`model` (a TinyLM, or a tensor-parallel shard with the same forward) and a KV pool of `num_blocks` blocks
-    of `block_size` tokens for `cfg`'s KV heads (the shard's, under tensor parallelism), in `dtype`."""
+    of `block_size` tokens for `cfg`'s KV heads (the shard's, under tensor parallelism), in `dtype`.
+
+    pools: (k, v), the pools to use instead of allocating them, each [n_layers, n_kv_heads, num_blocks *
+    block_size, head_dim] in `dtype`, contiguous and not overlapping (lab 07: views of a rank's pre-planned
+    arena); None: two zeroed pools are allocated (lab 06)."""
 
     def __init__(self, model, num_blocks: int, block_size: int, cfg: TinyLMConfig | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, pools: tuple[torch.Tensor, torch.Tensor] | None = None):
         if not callable(model) or not isinstance(getattr(model, "cfg", None), TinyLMConfig):
             fail("model", type(model).__name__, "a TinyLM (or a tensor-parallel shard of one)", TypeError)
         cfg = model.cfg if cfg is None else cfg
@@ -35,7 +54,10 @@ class ModelRunner:
         check_block_size(block_size)
         self.model, self.cfg, self.block_size = model, cfg, block_size
         shape = (cfg.n_layers, cfg.n_kv_heads, num_blocks * block_size, cfg.head_dim)
-        self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        if pools is None:
+            self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        else:
+            self.k, self.v = check_pools(pools, shape, dtype)
         self.host: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # swapped-out K/V per key: [L, Hkv, n*bs, hd]
         self.steps = 0
 
@@ -81,7 +103,9 @@ class ModelRunner:
         self.steps += 1
         if not step.num_tokens:
             return torch.empty(0, self.cfg.vocab_size)
-        logits = self.model(step.tokens[None], PagedBatch(step, (self.k, self.v), self.block_size))[0]  # [N, V]
+        extra = {} if step.embeds is None else {"embeds": step.embeds}  # a text-only step calls forward as lab 06
+        batch = PagedBatch(step, (self.k, self.v), self.block_size)
+        logits = self.model(step.tokens[None], batch, **extra)[0]  # [N, V]
         return logits.index_select(0, step.logit_rows()).float()
 
     def nbytes(self) -> int:

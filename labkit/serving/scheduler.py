@@ -185,10 +185,10 @@ class Scheduler:
         self.swapped.sort(key=lambda s: self.order(s, now))
         while self.swapped and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.swapped[0]
-            if not self.bm.can_allocate(seq.tokens):
+            if not self.bm.can_allocate(seq.tokens, seq.mm_spans):
                 break
             rid, done = seq.request_id, seq.swapped_tokens
-            hits = self.bm.allocate(rid, seq.tokens)
+            hits = self.bm.allocate(rid, seq.tokens, seq.mm_spans)
             host = -(-done // self.bm.block_size)   # blocks on the host
             first = min(hits // self.bm.block_size, host)  # the prefix cache's blocks are not copied back
             out.swap_in.append((rid, first, self.bm.block_table(rid)[first:host]))
@@ -208,9 +208,9 @@ class Scheduler:
             seq = self.waiting[0]
             if self.policy == "continuous" and seq.num_tokens > budget and self.running:
                 break  # whole prompts only; a prompt larger than the budget runs alone in its own step
-            if (self.policy == "chunked" and budget < 1) or not self.bm.can_allocate(seq.tokens):
+            if (self.policy == "chunked" and budget < 1) or not self.bm.can_allocate(seq.tokens, seq.mm_spans):
                 break
-            hits = self.bm.allocate(seq.request_id, seq.tokens)
+            hits = self.bm.allocate(seq.request_id, seq.tokens, seq.mm_spans)
             n = seq.num_tokens - hits
             n = min(n, budget) if self.policy == "chunked" else n
             self.waiting.pop(0)

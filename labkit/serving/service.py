@@ -1,11 +1,15 @@
 """The service: one Engine driven by one background thread, with per-request text streams for asyncio (notebook
 06, section 6; the HTTP API in api.py sits on it, `python -m labkit.serving` starts both).
 
-    asyncio (HTTP handlers)                       engine thread (the only caller of the Engine)
+    asyncio (HTTP handlers)                       processor thread (the only caller of the Processor)
+    await service.process(kind, payload)       --> processor.chat / .completion -> Prompt (or the refusal)
+                                                  engine thread (the only caller of the Engine)
     await service.submit(prompt, params, stop) --> command queue --> engine.add_request (refusals come back)
     async for chunk in stream  <-- call_soon_threadsafe <-- engine.step() -> tokens -> TextDecoder -> text
     stream.abort()  (client gone)               --> command queue --> engine.abort (its blocks are freed)
 
+The Processor (processor.py) runs on its own thread: a vision-language model's decodes images and runs the
+vision encoder (lab 07), which on the loop would stall every client and on the engine thread every stream.
 The Engine is not thread-safe, so only the engine thread touches it: requests and aborts come in through a
 thread-safe queue, and when the engine has nothing to do the thread blocks on that queue (no busy loop).
 Output goes back per request through an asyncio.Queue fed with loop.call_soon_threadsafe. A stream chunk carries
@@ -34,6 +38,7 @@ from typing import Callable
 from .._checks import check_number, check_positive_int, check_type, fail
 from ..tinylm import ByteTokenizer
 from .detokenize import TextDecoder
+from .processor import Processor, ProcessorThread, Prompt, TextProcessor
 from .stream import Chunk, RequestStream, ServiceUnavailable
 from .sampling import SamplingParams
 
@@ -49,19 +54,24 @@ def _run_all(callbacks: list) -> None:
 
 
 class Service:
-    """One Engine served to many asyncio clients. `load()` builds the Engine (it runs on the engine thread, so a
-    slow checkpoint load does not block the HTTP server); `tokenizer` needs encode(text) -> ids and
-    decode_bytes(ids) -> bytes (ByteTokenizer by default); `close(engine)`, if given, runs on the engine thread
-    when it stops (a TP engine's rank processes). start() begins loading, stop() ends the thread."""
+    """One Engine served to many asyncio clients. `load()` builds the Engine, or returns (engine, processor) or
+    (engine, processor, tokenizer) when the model brings its own; it runs on the engine thread, so a slow load
+    does not block the HTTP server. `tokenizer` needs encode(text) -> ids and decode_bytes(ids) -> bytes
+    (ByteTokenizer by default); `processor` makes the Prompts (TextProcessor(tokenizer) by default);
+    `close(engine)`, if given, runs on the engine thread when it stops (a TP engine's rank processes).
+    start() begins loading, stop() ends the threads."""
 
     def __init__(self, load: Callable[[], object], tokenizer=None, close: Callable[[object], None] | None = None,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, processor: Processor | None = None):
         self.stream_interval = check_positive_int("stream_interval", stream_interval, "tokens")
         if not callable(load):
-            fail("load", load, "a callable that returns an Engine", TypeError)
+            fail("load", load, "a callable that returns an Engine (or an (engine, processor) pair)", TypeError)
         if close is not None and not callable(close):
             fail("close", close, "a callable close(engine), or None", TypeError)
         self._load, self._close, self.tokenizer = load, close, tokenizer or ByteTokenizer()
+        self.processor = TextProcessor(self.tokenizer) if processor is None else \
+            check_type("processor", processor, Processor, "a Processor (chat(messages), completion(prompt)) or None")
+        self._processing = ProcessorThread()
         self.state, self.error, self._engine = "loading", None, None
         self._commands: queue.Queue = queue.Queue()
         self._tracks: dict[str, tuple[RequestStream, TextDecoder]] = {}  # engine thread only
@@ -96,6 +106,7 @@ class Service:
         self._commands.put(("stop",))
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._processing.close()
         if self.state != "failed":
             self.state = "stopped"
 
@@ -104,13 +115,26 @@ class Service:
         prompt_tokens, generation_tokens (delivered) and finished_<reason> counts (stop, length, abort, error)."""
         return dict(self._stats)
 
+    def _unavailable(self) -> ServiceUnavailable:
+        why = f": {self.error}" if self.error else ""
+        return ServiceUnavailable(self.state, f"the model is not ready (state {self.state!r}{why})")
+
+    async def process(self, kind: str, payload) -> Prompt:
+        """The Prompt of a "chat" (messages) or "completion" (prompt) request, made on the processor thread."""
+        if self.state != "ready":
+            raise self._unavailable()
+        return await self._processing.run(self.processor, kind, payload)
+
     async def submit(self, prompt, params: SamplingParams, stop: tuple[str, ...] = ()) -> RequestStream:
-        """Admit a request (`prompt`: text, or token ids) and return its stream. The Engine's refusals (an empty
-        prompt, max_tokens beyond the context, a request larger than the KV pool) raise here, before any
-        output; ServiceUnavailable while not ready."""
+        """Admit a request (`prompt`: a Prompt from process(), text, or token ids; image tokens count in the
+        stream's num_prompt_tokens) and return its stream. The Engine's refusals (an empty prompt, max_tokens
+        beyond the context, a request larger than the KV pool) raise here, before any output;
+        ServiceUnavailable while not ready."""
         check_type("params", params, SamplingParams, "a labkit.serving.SamplingParams")
+        mm = prompt.mm if isinstance(prompt, Prompt) else ()
         try:
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, (str, bytes)) else list(prompt)
+            ids = prompt.token_ids if isinstance(prompt, Prompt) else \
+                self.tokenizer.encode(prompt) if isinstance(prompt, (str, bytes)) else list(prompt)
         except (TypeError, ValueError) as e:
             fail("prompt", prompt, f"text or token ids the tokenizer takes ({e})", type(e))
         decoder = TextDecoder(self.tokenizer, tuple(stop))
@@ -119,9 +143,8 @@ class Service:
                                on_abort=lambda: self._commands.put(("abort", rid)))
         with self._lock:
             if self.state != "ready":
-                raise ServiceUnavailable(self.state, f"the model is not ready (state {self.state!r}"
-                                                     f"{': ' + self.error if self.error else ''})")
-            self._commands.put(("add", stream, decoder, ids, params))
+                raise self._unavailable()
+            self._commands.put(("add", stream, decoder, ids, params, mm))
         try:
             error = await stream.admitted
         except asyncio.CancelledError:  # the client left before admission
@@ -135,14 +158,18 @@ class Service:
 
     def _run(self) -> None:
         try:
-            engine = self._load()
-            engine.warmup()
+            self._engine = self._load()
+            if isinstance(self._engine, tuple):  # (engine, processor[, tokenizer]): the model's own
+                self._engine, self.processor, *tokenizer = self._engine
+                self.tokenizer = tokenizer[0] if tokenizer else self.tokenizer
+                check_type("processor", self.processor, Processor, "a Processor")
+            self._engine.warmup()
         except BaseException as e:  # a failed load is a state, not a crash of the thread
             self._set_state("failed", f"loading the model failed: {type(e).__name__}: {e}")
             self._ready.set()
-            self._drain_after_failure()
+            self._shutdown()  # refuses what queued up; closes an engine that was built (its ranks)
             return
-        self._engine, self.state = engine, "ready"
+        engine, self.state = self._engine, "ready"
         self._publish()
         self._ready.set()
         while self.state == "ready":
@@ -171,9 +198,9 @@ class Service:
     def _handle(self, cmd) -> None:
         if cmd[0] == "abort":
             return self._drop(cmd[1])
-        _, stream, decoder, ids, params = cmd
-        try:
-            self._engine.add_request(ids, params=params, request_id=stream.request_id)
+        _, stream, decoder, ids, params, mm = cmd
+        try:  # mm= only with images: a text engine's add_request need not know it
+            self._engine.add_request(ids, params=params, request_id=stream.request_id, **({"mm": mm} if mm else {}))
         except (ValueError, TypeError) as e:
             return self._admit(stream, e)
         except Exception as e:  # noqa: BLE001 - not a refusal: report it as an internal error
@@ -247,21 +274,18 @@ class Service:
         """The reader went away: the request leaves the engine (its blocks are freed)."""
         self._held.pop(rid, None)
         if self._tracks.pop(rid, None) is not None:
-            self._abort_quietly(rid)
+            self._quietly("abort", rid)
             self._release(rid)
             self._counts["finished_abort"] += 1
 
     def _release(self, rid: str) -> None:
         """The engine forgets a request once its stream has it all (memory stays bounded)."""
-        try:
-            self._engine.release(rid)
-        except Exception:  # noqa: BLE001 - unknown or unfinished after an engine failure: nothing to free
-            pass
+        self._quietly("release", rid)
 
-    def _abort_quietly(self, rid: str) -> None:
-        try:
-            self._engine.abort(rid)
-        except Exception:  # noqa: BLE001 - best effort after an engine failure
+    def _quietly(self, method: str, rid: str) -> None:
+        try:  # best effort: after an engine failure the request may be unknown or unfinished
+            getattr(self._engine, method)(rid)
+        except Exception:  # noqa: BLE001
             pass
 
     def _snapshot(self) -> None:
@@ -277,9 +301,9 @@ class Service:
         why = "the service stopped" if self.state == "stopped" else "the engine failed; the request was dropped"
         for rid in list(self._tracks):
             self._finish(rid, Chunk(error=why))
-            self._abort_quietly(rid)
+            self._quietly("abort", rid)
         self._drain_after_failure()
-        if self._close is not None:
+        if self._close is not None and self._engine is not None:
             try:
                 self._close(self._engine)
             except Exception:  # noqa: BLE001 - stopping anyway: say why, end the thread cleanly

@@ -8,7 +8,9 @@ process and the model runs split over `tp` gloo ranks (lab 04's Pool and Megatro
       +-- pool.run(step_worker, runner_id, step) -->  execute(step): swaps, copies, forward; two
       <-- rank 0's logits [rows to sample, vocab] --     all-reduces per layer, one all-gather of the logits
 
-The weights travel once, when the TPRunner is built; each step sends only the StepInput and brings back the
+The weights travel once, when the TPRunner is built; or not at all: TPRunner.from_builder runs a build
+function on every rank, which loads that rank's own slices from the files (lab 07: build_rank_model), so no
+rank ever receives a weight from the engine process. Each step sends only the StepInput and brings back the
 logits of the rows to sample (every rank computes the same full logits through the all-gather; rank 0's are
 returned). Each rank keeps its ModelRunner in a module-level dict keyed by the runner's id, so two TPRunners
 can share one Pool. A rank that fails ends the group (Pool): execute() raises the Pool's RankError naming the
@@ -17,6 +19,7 @@ memory (its own KV heads), as in vLLM.
 
     runner = TPRunner(model, tp=2, num_blocks=256, block_size=16)   # or tp_engine(model, 2, ...)
     engine = Engine(runner=runner)                                  # the engine does not change
+    runner = TPRunner.from_builder(build, (folder,), cfg, 2, 256, 16)  # build(rank, world, folder) on each rank
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+from typing import Callable
 
 import torch
 
@@ -40,11 +44,18 @@ _RUNNERS: dict[str, ModelRunner] = {}
 _IDS = itertools.count()
 
 
-def setup_worker(rank: int, world: int, runner_id: str, cfg: TinyLMConfig, state: dict, num_blocks: int,
-                 block_size: int) -> int:
-    """On every rank: build its shard of the model and its KV pools; returns the pools' bytes on this rank."""
-    sharded = tensor.ShardedTinyLM(tensor.rebuild_model(cfg, state), rank, world)
-    runner = ModelRunner(sharded, num_blocks, block_size, cfg=tensor.shard_config(cfg, world))
+def rebuild_shard(rank: int, world: int, cfg: TinyLMConfig, state: dict) -> tensor.ShardedTinyLM:
+    """The builder of TPRunner(model, ...): rank `rank`'s shard of the full weights the engine process sent."""
+    return tensor.ShardedTinyLM(tensor.rebuild_model(cfg, state), rank, world)
+
+
+def setup_worker(rank: int, world: int, runner_id: str, build: Callable, build_args: tuple, cfg: TinyLMConfig,
+                 num_blocks: int, block_size: int) -> int:
+    """On every rank: build(rank, world, *build_args) -> its shard of the model (anything with a TinyLM cfg and
+    the forward of labkit.parallel.tensor.ShardedTinyLM), then its KV pools; returns the pools' bytes."""
+    sharded = build(rank, world, *build_args)
+    runner = ModelRunner(sharded, num_blocks, block_size, cfg=tensor.shard_config(cfg, world),
+                         pools=getattr(sharded, "kv_pools", None))  # a builder may hand over planned pools (lab 07)
     _RUNNERS[runner_id] = runner
     return runner.nbytes()
 
@@ -75,6 +86,27 @@ class TPRunner:
         if pool is not None:
             check_type("pool", pool, Pool, "a labkit.parallel.Pool")
         cfg, state = tensor.tp_inputs(model, tp, pool)  # checks model, tp and the pool's world
+        self._start(rebuild_shard, (cfg, state), cfg, tp, num_blocks, block_size, pool, timeout)
+
+    @classmethod
+    def from_builder(cls, build: Callable, build_args: tuple, cfg: TinyLMConfig, tp: int, num_blocks: int,
+                     block_size: int, pool: Pool | None = None, timeout: float = 30) -> "TPRunner":
+        """A TPRunner whose ranks build their own shard: build(rank, world, *build_args) runs on every rank (a
+        module-level function, as Pool requires; lab 07's loads the rank's slices from a release). `cfg` is the
+        full model's config (the engine's; tp is checked against it before any process starts)."""
+        if not callable(build) or "<" in getattr(build, "__qualname__", "<"):
+            fail("build", build, "a module-level function build(rank, world, *build_args) (the ranks import it)",
+                 TypeError)
+        check_type("build_args", build_args, tuple, "a tuple of the builder's arguments")
+        check_type("cfg", cfg, TinyLMConfig, "the model's TinyLMConfig (or a subclass)")
+        tensor.check_tp(cfg, tp)
+        if pool is not None and check_type("pool", pool, Pool, "a labkit.parallel.Pool").world != tp:
+            fail("pool", pool, f"a Pool of world {tp} (= tp)")
+        runner = cls.__new__(cls)
+        runner._start(build, build_args, cfg, tp, num_blocks, block_size, pool, timeout)
+        return runner
+
+    def _start(self, build, build_args, cfg, tp, num_blocks, block_size, pool, timeout) -> None:
         self.cfg, self.tp = cfg, tp
         self.num_blocks = check_positive_int("num_blocks", num_blocks)
         self.block_size = check_positive_int("block_size", block_size)
@@ -85,7 +117,7 @@ class TPRunner:
         self.closed: str | None = None  # why the runner is closed (None while it runs)
         self.steps = 0
         self._built = False
-        self.kv_bytes_per_rank = self._run(setup_worker, cfg, state, num_blocks, block_size)
+        self.kv_bytes_per_rank = self._run(setup_worker, build, build_args, cfg, num_blocks, block_size)
         """bytes of each rank's KV pools (keys + values of its KV heads)"""
         self._built = True
 
@@ -147,12 +179,28 @@ def tp_engine(model: TinyLM, tp: int, *, pool: Pool | None = None, timeout: floa
         if pool is not None:
             fail("pool", pool, "None with tp=1 (the model runs in this process)")
         return Engine(model, **engine_kwargs)
+    return _over_ranks(model.cfg, lambda n, b: TPRunner(model, tp, n, b, pool, timeout), engine_kwargs)
+
+
+def built_tp_engine(build: Callable, build_args: tuple, cfg: TinyLMConfig, tp: int, *, pool: Pool | None = None,
+                    timeout: float = 30, **engine_kwargs) -> Engine:
+    """tp_engine for ranks that build their own shard (TPRunner.from_builder; lab 07's service loads each
+    rank's slices from the release on that rank). tp must be > 1: one process needs no ranks."""
+    if tensor.check_tp(check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig"), tp) == 1:
+        fail("tp", tp, "> 1 (with tp=1 build the model in this process: Engine(model))")
+    return _over_ranks(cfg, lambda n, b: TPRunner.from_builder(build, build_args, cfg, tp, n, b, pool, timeout),
+                       engine_kwargs)
+
+
+def _over_ranks(cfg: TinyLMConfig, make_runner: Callable, engine_kwargs: dict) -> Engine:
+    """An Engine over make_runner(num_blocks, block_size), with the engine's defaults for both; the runner is
+    closed if the Engine refuses its options."""
     block_size = engine_kwargs.get("block_size", _ENGINE["block_size"].default)
     num_blocks = engine_kwargs.get("num_blocks")
     if num_blocks is None:
-        num_blocks = default_num_blocks(model.cfg, engine_kwargs.get("max_num_seqs", _ENGINE["max_num_seqs"].default),
+        num_blocks = default_num_blocks(cfg, engine_kwargs.get("max_num_seqs", _ENGINE["max_num_seqs"].default),
                                         check_positive_int("block_size", block_size))
-    runner = TPRunner(model, tp, num_blocks, block_size, pool, timeout)
+    runner = make_runner(num_blocks, block_size)
     try:
         return Engine(runner=runner, **{**engine_kwargs, "num_blocks": num_blocks})
     except BaseException:

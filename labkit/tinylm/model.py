@@ -47,6 +47,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def merge_embeds(x: torch.Tensor, embeds) -> torch.Tensor:
+    """x [B, T, d] with the rows of `embeds` = (rows int64 [n] into the flattened B*T positions, values [n, d])
+    written over the token embeddings there: how a vision-language model feeds image features in place of its
+    image placeholder tokens (lab 07). None leaves x as it is."""
+    if embeds is None:
+        return x
+    if not (isinstance(embeds, tuple) and len(embeds) == 2 and all(isinstance(e, torch.Tensor) for e in embeds)):
+        raise TypeError(f"embeds must be a (rows, values) pair of tensors or None, got {type(embeds).__name__}")
+    rows, values = embeds
+    B, T, d = x.shape
+    if rows.dtype != torch.long or rows.dim() != 1 or values.shape != (rows.numel(), d) \
+            or not values.is_floating_point():
+        raise ValueError(f"embeds must be rows int64 [n] and float values [n, {d}], got rows {rows.dtype} "
+                         f"{tuple(rows.shape)} and values {values.dtype} {tuple(values.shape)}")
+    if rows.numel() and (rows.min() < 0 or rows.max() >= B * T):
+        raise ValueError(f"embeds rows must be in [0, {B * T}) (the flattened batch x time positions), got "
+                         f"[{int(rows.min())}, {int(rows.max())}]")
+    x = x.reshape(B * T, d).index_copy(0, rows, values.to(x.dtype))  # [B*T, d], a copy: autograd-safe
+    return x.view(B, T, d)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TinyLMConfig):
         super().__init__()
@@ -56,11 +77,18 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x, cos, sin, cache: Cache | None = None, layer: int = 0, start: int = 0):
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [B, H, T, hd], keys and values [B, Hkv, T, hd] of x [B, T, d], before rotary positions
+        (lab 07's QK-norm attention overrides this)."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # [B, H, T, hd]
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x, cos, sin, cache: Cache | None = None, layer: int = 0, start: int = 0):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if isinstance(cache, BatchedCache):  # packed sequences: the cache stores k, v and attends per sequence
             return self.wo(cache.attend(layer, q, k, v).transpose(1, 2).reshape(B, T, -1))
@@ -126,8 +154,9 @@ class TinyLM(nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
 
-    def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab] for tokens [B, T]. With a cache (anything that implements
+    def forward(self, tokens: torch.Tensor, cache: Cache | None = None, embeds=None) -> torch.Tensor:
+        """Logits [B, T, vocab] for tokens [B, T]; `embeds` (see merge_embeds) replaces some token embeddings
+        with given vectors (image features, lab 07). With a cache (anything that implements
         labkit.tinylm.cache.Cache), the tokens continue the cached sequence at positions cache.length ...,
         and their keys and values are handed to the cache. With a BatchedCache, tokens [1, N] pack several
         sequences (each token at the position the cache gives it) and the cache runs attention."""
@@ -148,7 +177,7 @@ class TinyLM(nn.Module):
         if isinstance(cache, Cache) and getattr(cache, "batch_size", tokens.shape[0]) != tokens.shape[0]:
             raise ValueError(f"tokens batch size {tokens.shape[0]} does not match the cache's batch size "
                              f"{cache.batch_size}")
-        x = self.tok_emb(tokens)
+        x = merge_embeds(self.tok_emb(tokens), embeds)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, start)
         if cache is not None:

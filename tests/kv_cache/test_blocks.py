@@ -3,7 +3,9 @@ forward that writes K/V, reported with mark_computed), fork and free, checked af
 invariants of issue 13 and against a shadow store that writes each token id into its slot only when it is
 computed (so the hash map must point only at computed blocks holding its tokens, and reading a sequence back
 through its block table must give its computed tokens: wrong hits, uncomputed blocks cached, missed
-copies-on-write and evicted blocks in use all show); regressions; bad input."""
+copies-on-write and evicted blocks in use all show); regressions; bad input. Images (lab 07): the machine's
+prompts may hold an image (a placeholder range with an image hash A or B over the same placeholder token), the
+shadow writes (token, image) into each slot, so a block shared between two different images shows."""
 import copy
 
 import pytest
@@ -30,8 +32,8 @@ def snapshot(bm: BlockManager) -> dict:
 class Shadow:
     """Physical slots holding token ids, written the way a paged cache writes keys and values: by the forward."""
 
-    def __init__(self, bm: BlockManager):
-        self.bm, self.slots = bm, {}
+    def __init__(self, bm: BlockManager, label=lambda seq, p: None):
+        self.bm, self.slots, self.label = bm, {}, label  # label(seq, p): the image at position p of seq, or None
 
     def apply_copies(self):
         bs = self.bm.block_size
@@ -50,7 +52,7 @@ class Shadow:
             assert len(sharers) == bm.ref_count(block)
             assert all(bm.tokens(s)[p] == tokens[p] for s in sharers if bm.num_tokens(s) > p), \
                 "a write into a block shared with a sequence holding another token there"
-            self.slots[block * bs + p % bs] = tokens[p]
+            self.slots[block * bs + p % bs] = (tokens[p], self.label(seq, p))
         bm.mark_computed(seq, upto)
 
     def read(self, seq, n):
@@ -71,7 +73,10 @@ class BlockMachine(RuleBasedStateMachine):
     @rule(num_blocks=st.integers(1, 12), block_size=st.sampled_from([1, 2, 4]), caching=st.booleans())
     def start(self, num_blocks, block_size, caching):
         self.bm = BlockManager(num_blocks, block_size, caching, vocab_size=4)
-        self.shadow, self.next_id = Shadow(self.bm), 0
+        self.shadow, self.next_id, self.images = Shadow(self.bm, self.image_at), 0, {}
+
+    def image_at(self, seq, p):
+        return next((h for o, n, h in self.images.get(seq, ()) if o <= p < o + n), None)
 
     def refused(self, call, error=OutOfBlocksError):
         before = snapshot(self.bm)
@@ -81,10 +86,26 @@ class BlockMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.bm is not None)
     @rule(base=st.sampled_from(range(len(BASES))), length=st.integers(1, 14), tail=st.lists(st.integers(0, 3),
-                                                                                             max_size=3))
-    def allocate(self, base, length, tail):
+                                                                                             max_size=3),
+          image=st.none() | st.tuples(st.integers(0, 13), st.integers(1, 6), st.sampled_from("AB")))
+    def allocate(self, base, length, tail, image):
         prompt = BASES[base][:length] + tail
         seq, self.next_id = self.next_id, self.next_id + 1
+        mm = []
+        if image is not None and image[0] < len(prompt):  # an image over the same placeholder token (3)
+            o, n = image[0], min(image[1], len(prompt) - image[0])
+            prompt[o:o + n] = [3] * n
+            mm = [(o, n, image[2])]
+        if mm:  # the lab 07 call form; without an image, the lab 05 one below
+            fits = blocks_needed(len(prompt), self.bm.block_size) <= self.bm.num_blocks
+            assert self.bm.fits_in_pool(prompt) == fits
+            if self.bm.can_allocate(prompt, mm):
+                self.images[seq] = mm
+                cached = self.bm.allocate(seq, prompt, mm)
+                assert cached % self.bm.block_size == 0 and 0 <= cached < len(prompt)
+            else:
+                self.refused(lambda: self.bm.allocate(seq, prompt, mm), OutOfBlocksError if fits else LargerThanPoolError)
+            return
         fits = blocks_needed(len(prompt), self.bm.block_size) <= self.bm.num_blocks
         assert self.bm.fits_in_pool(prompt) == fits
         if self.bm.can_allocate(prompt):
@@ -119,6 +140,7 @@ class BlockMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(self.bm.seq_ids))
         child, self.next_id = self.next_id, self.next_id + 1
         self.bm.fork(parent, child)
+        self.images[child] = self.images.get(parent, [])
         assert self.bm.block_table(child) == self.bm.block_table(parent)
         assert self.bm.num_computed(child) == self.bm.num_computed(parent)
 
@@ -145,12 +167,13 @@ class BlockMachine(RuleBasedStateMachine):
         assert len(set(bm.cached_blocks())) == bm.num_cached_blocks
         assert not set(bm.free_blocks()) & {b for b, _, _ in bm.hash_map().values()}
         for h, (b, parent, tokens) in bm.hash_map().items():  # only computed blocks holding their tokens
-            assert block_hash(parent, list(tokens)) == h
-            assert [self.shadow.slots.get(b * bm.block_size + o) for o in range(bm.block_size)] == list(tokens)
+            assert block_hash(parent, list(tokens), bm.block_extra_keys(b)) == h
+            slots = [self.shadow.slots.get(b * bm.block_size + o) for o in range(bm.block_size)]
+            assert [s and s[0] for s in slots] == list(tokens)
         assert set(bm.cached_blocks()) <= {b for b, _, _ in bm.hash_map().values()}
         for s in bm.seq_ids:  # every sequence reads back its own computed tokens through its table
             n = bm.num_computed(s)
-            assert self.shadow.read(s, n) == bm.tokens(s)[:n]
+            assert self.shadow.read(s, n) == [(t, self.image_at(s, p)) for p, t in enumerate(bm.tokens(s)[:n])]
             assert len(bm.seq_hashes(s)) <= n // bm.block_size or not bm.enable_prefix_caching
 
 
@@ -380,3 +403,53 @@ def test_a_prompt_larger_than_the_pool_has_its_own_error():
     with pytest.raises(LargerThanPoolError, match="larger than the pool"):
         bm.allocate("c", list(range(9)))  # never fits: a ValueError, not a wait
     assert snapshot(bm) == before and issubclass(LargerThanPoolError, ValueError)
+
+
+# --- images (lab 07): the image hash is part of the block hash ----------------------------------------------
+
+IMAGE_PROMPT = [9] * 8 + [1, 2, 3]  # 8 placeholder tokens of one image, then text
+
+
+def computed(bm, seq, prompt, mm):
+    hits = bm.allocate(seq, prompt, mm)
+    bm.mark_computed(seq, len(prompt))
+    return hits
+
+
+@pytest.mark.parametrize("hash_mm, second, hits", [
+    (True, "img-A", 8), (True, "img-B", 0),     # the same image hits, another image with the same tokens misses
+    (False, "img-B", 8)])                        # the naive cache (tokens only) shares the first image's blocks
+def test_blocks_of_one_image_are_shared_only_with_the_same_image(hash_mm, second, hits):
+    bm = BlockManager(16, 4, vocab_size=16, hash_mm=hash_mm)
+    computed(bm, "a", IMAGE_PROMPT, [(0, 8, "img-A")])
+    assert computed(bm, "b", IMAGE_PROMPT, [(0, 8, second)]) == hits
+    shared = set(bm.block_table("a")) & set(bm.block_table("b"))
+    assert len(shared) == hits // 4
+
+
+def test_the_image_offset_and_a_text_only_prompt_are_part_of_the_key():
+    bm = BlockManager(16, 4, vocab_size=16)
+    computed(bm, "a", [9] * 12, [(0, 8, "img-A")])
+    assert computed(bm, "b", [9] * 12, [(4, 8, "img-A")]) == 0  # same tokens, image elsewhere: block 0 differs
+    assert computed(bm, "c", [9] * 12, []) == 4  # b's block 0 holds no image: plain tokens share it, not a's
+    assert bm.block_table("c")[0] == bm.block_table("b")[0] != bm.block_table("a")[0]
+    assert computed(bm, "d", [9] * 12, [(0, 8, "img-A")]) == 8
+    assert bm.block_extra_keys(bm.block_table("a")[1]) == (("img-A", -4),)  # vLLM's (hash, offset - block start)
+
+
+def test_a_text_block_after_an_image_still_depends_on_it_through_the_chain():
+    bm = BlockManager(16, 2, vocab_size=16)
+    computed(bm, "a", [9, 9, 1, 2, 3], [(0, 2, "img-A")])
+    assert bm.block_extra_keys(bm.block_table("a")[1]) == ()  # no image in block 1: no extra key ...
+    assert computed(bm, "b", [9, 9, 1, 2, 3], [(0, 2, "img-B")]) == 0  # ... but its parent differs: a miss
+
+
+def test_bad_images_are_refused_and_change_nothing():
+    bm = BlockManager(8, 4, vocab_size=16)
+    prefill(bm, "a", [1, 2, 3])
+    refused_unchanged(bm, lambda: bm.allocate("b", [1, 2], [(1, 2, "x")]), ValueError, "mm[0]", (1, 2, "x"),
+                      "inside the prompt's 2 tokens")
+    refused_unchanged(bm, lambda: bm.can_allocate([1, 2], [(0, 1, "x"), (0, 1, "y")]), ValueError, "mm",
+                      "image 'y' at 0 inside [0, 1)", "do not overlap")
+    refused_unchanged(bm, lambda: bm.allocate("b", [1], [[0, 1, "x"]]), TypeError, "mm[0]", [0, 1, "x"], "triple")
+    assert_refused(lambda: BlockManager(4, 4, hash_mm=1), TypeError, "hash_mm", 1, "True or False")

@@ -32,6 +32,46 @@ def test_tp2_greedy_generation_equals_the_single_process_model(tinylm, pool2):
         assert run["comm"]["all_gather"] == cfg.vocab_size * steps
 
 
+@pytest.mark.timeout(60)
+def test_tp2_merges_given_embeddings_like_the_single_process_model(tinylm, pool2):
+    tokens = torch.tensor([ByteTokenizer().encode("image here: ____ end")])
+    embeds = (torch.arange(12, 16), torch.randn(4, tinylm.cfg.d_model))  # rows 12..15 get given vectors
+    with torch.no_grad():
+        ref = tinylm(tokens, embeds=embeds)
+    got = tp.tensor_parallel_logits(tinylm, tokens, 2, pool=pool2, embeds=embeds)
+    assert (got - ref).abs().max() < 1e-4
+    assert (got - tp.tensor_parallel_logits(tinylm, tokens, 2, pool=pool2)).abs().max() > 1e-2
+
+
+def test_check_split_is_the_same_on_every_machine_and_check_tp_adds_the_world_limit(tinylm):
+    from labkit.parallel.distributed import MAX_WORLD
+    big = TinyLMConfig(vocab_size=64 * MAX_WORLD, d_model=4 * 2 * MAX_WORLD, n_heads=2 * MAX_WORLD,
+                       n_kv_heads=2 * MAX_WORLD, d_ff=2 * MAX_WORLD)
+    assert tp.check_split(big, 2 * MAX_WORLD) == 2 * MAX_WORLD  # divides: fine on paper
+    with pytest.raises(ValueError, match="tp"):
+        tp.check_tp(big, 2 * MAX_WORLD)  # but more ranks than this machine runs
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        tp.check_split(tinylm.cfg, 4)
+
+
+def test_from_local_takes_a_model_that_holds_only_its_slices(tinylm):
+    import copy
+    for rank in range(2):
+        full = tp.ShardedTinyLM(tinylm, rank, 2)
+        local = copy.deepcopy(tinylm)
+        for entry in linear_layers(tinylm.cfg):  # what a rank that read only its slices holds
+            mod = local.get_submodule(entry.path)
+            mod.weight = torch.nn.Parameter(tp.shard(mod.weight.detach(), entry.tp_style, rank, 2))
+        sliced = tp.ShardedTinyLM.from_local(local, rank, 2)
+        assert sliced.local is local and sliced.vocab_start == full.vocab_start
+        for (name, a), (_, b) in zip(sliced.state_dict().items(), full.state_dict().items()):
+            assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="slice"):
+        tp.ShardedTinyLM.from_local(copy.deepcopy(tinylm), 0, 2)  # full weights are not a rank's slices
+    with pytest.raises(TypeError, match="local"):
+        tp.ShardedTinyLM.from_local("model", 0, 2)
+
+
 def test_shards_rebuild_every_weight(tinylm):
     for entry in linear_layers(tinylm.cfg):
         w = tinylm.get_submodule(entry.path).weight.detach()

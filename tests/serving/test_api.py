@@ -195,10 +195,16 @@ BAD = [  # (endpoint, raw body, status, param, code)
     ("chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages", "invalid_type"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages",
      "invalid_value"),
-    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, "messages",
-     "invalid_type"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     400, "messages[0].content[1].type", "invalid_value"),  # an image for the text-only TinyLM
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400,
+     "messages[0].content", "invalid_type"),  # the field inside messages, as OpenAI names it
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}, 400, "messages",
      "invalid_value"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a" * 300}]}, 400, "messages",
+     "invalid_value"),  # past the context: the engine's "prompt" is the chat request's messages
+    ("completions", {"model": MODEL, "prompt": "a" * 300}, 400, "prompt", "invalid_value"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "tools": [{}]}, 400,
      "tools", "unsupported_value"),
     ("chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "a"}]}, 404, "model",

@@ -102,3 +102,9 @@ def test_a_step_that_does_not_add_up_is_refused(model):
     with pytest.raises(ValueError, match="step must be one query length"):
         PagedBatch(step, (runner.k, runner.v), BS)
     assert_refused(lambda: runner.execute("step"), TypeError, "step", "step", "a labkit.serving.batch.StepInput")
+
+
+def test_a_step_without_images_has_no_embeds_and_the_lab_06_constructor_still_works():
+    one = torch.zeros(1, dtype=torch.long)
+    step = StepInput(one, one, one, [1], [1], [[0]], [0], [], [], [], [])
+    assert step.embeds is None and step.num_tokens == 1

@@ -193,3 +193,9 @@ def test_generate_is_all_or_nothing(model, prompts):
         engine.generate([prompts[0], [1, 999]], GREEDY)
     assert engine.requests == {} and not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
     assert engine.generate([prompts[0]], GREEDY) == [generate(model, prompts[0], 12)]
+
+
+def test_the_naive_image_cache_is_a_flag_of_the_engine(model):
+    assert Engine(model, clock=StepCost()).block_manager.hash_mm
+    assert not Engine(model, clock=StepCost(), hash_mm=False).block_manager.hash_mm
+    assert_refused(lambda: Engine(model, hash_mm="no"), TypeError, "hash_mm", "no", "True or False")

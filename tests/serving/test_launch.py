@@ -27,3 +27,10 @@ def test_a_service_that_cannot_start_is_reported(tmp_path):
 
 def test_explore_re_exports_the_launcher_for_the_notebook():
     assert explore.start_service is start_service and explore.ServiceProcess is ServiceProcess
+
+
+@pytest.mark.timeout(60)
+def test_a_folder_that_is_not_a_release_is_reported(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 2.*model_type must be one of \['tinyvlm'\]"):
+        start_service(tmp_path, timeout=30)

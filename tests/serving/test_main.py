@@ -1,5 +1,6 @@
 """`python -m labkit.serving` as a learner runs it: a subprocess on a free port, the `openai` client, a signal,
 exit code 0; bad options exit 2 with a message."""
+import json
 import re
 import signal
 import subprocess
@@ -12,8 +13,10 @@ import openai
 import pytest
 
 from labkit.paths import ROOT, TINYLM_CHECKPOINT
-from labkit.serving.__main__ import checkpoint_stem, engine_loader, parse_args
+from labkit.serving.__main__ import (MODEL_TYPES, checkpoint_stem, engine_loader, model_loader, parse_args,
+                                     release_config)
 from labkit.tinylm import generate
+from tests.refusals import assert_refused
 
 LINE = re.compile(r"^serving (\S+) on (http://127\.0\.0\.1:(\d+)/v1)$")
 
@@ -96,3 +99,19 @@ def test_options_reach_the_engine():
     assert (engine.stats()["kv_blocks_total"], engine.block_manager.block_size) == (40, 8)
     assert (engine.scheduler.max_num_seqs, engine.scheduler.policy) == (4, "chunked")
 
+
+
+def test_a_release_s_model_type_picks_its_loader(tmp_path, capsys):
+    """MODEL_TYPES maps config.json's model_type to "module:function", imported only then (vLLM's lazy
+    ModelRegistry); an unknown type, a config that is not JSON, and a folder without one exit 2 saying why."""
+    assert model_loader("tinyvlm").__module__ == "labkit.day0.serve" and set(MODEL_TYPES) == {"tinyvlm"}
+    assert_refused(lambda: model_loader("llama"), ValueError, "model_type", "llama", "one of ['tinyvlm']")
+    for config, expected in [({"model_type": "llama"}, "model_type must be one of"),
+                             ({}, "model_type must be one of"), ("{", "Expecting"), ([1], "expected an object")]:
+        (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+        with pytest.raises(SystemExit) as info:
+            parse_args(["--model", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and expected in err and str(tmp_path) in err, err
+    (tmp_path / "config.json").unlink()
+    assert release_config(str(tmp_path)) is None and release_config(str(tmp_path / "missing")) is None

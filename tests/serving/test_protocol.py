@@ -6,8 +6,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from labkit.serving.protocol import (CHAT_STOP, DEFAULT_ONLY, APIError, Reply, chat_prompt, parse_body,
-                                     parse_request, refusal, sse)
+from labkit.serving.protocol import CHAT_STOP, DEFAULT_ONLY, APIError, Reply, parse_body, parse_request, refusal, sse
 from labkit.serving.sampling import SamplingParams
 
 M = "tinylm"
@@ -42,15 +41,16 @@ def test_completion_only_fields_are_unknown_to_chat():
     assert (info.value.status, info.value.param, info.value.code) == (400, "prompt", "unknown_parameter")
 
 
-def test_the_chat_template_is_the_contents_one_per_line():
-    messages = [{"role": "system", "content": "3+4=7"}, {"role": "user", "content": "12+7="}]
-    assert chat_prompt(messages) == "3+4=7\n12+7="
-    assert chat_prompt([{"role": "user", "content": [{"type": "text", "text": "co"}, {"type": "text", "text": "py"}],
-                         "name": "ann"}]) == "copy"
-    with pytest.raises(ValueError, match="^messages must be messages whose role"):
-        chat_prompt([{"role": "tool", "content": "x"}])
-    with pytest.raises(TypeError, match="^messages must be a non-empty list"):
-        chat_prompt([])
+def test_chat_messages_are_checked_and_passed_on_whole():
+    messages = [{"role": "user", "content": [{"type": "text", "text": "colour="},
+                                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]
+    assert parse_request({"model": M, "messages": messages}, "chat", M).prompt == messages  # not flattened
+    for content, param in [([{"type": "audio"}], "messages[0].content[0].type"),
+                           ([{"type": "image_url", "image_url": "x"}], "messages[0].content[0].image_url"),
+                           (7, "messages[0].content")]:
+        with pytest.raises(APIError) as info:
+            parse_request({"model": M, "messages": [{"role": "user", "content": content}]}, "chat", M)
+        assert (info.value.status, info.value.param) == (400, param)
 
 
 def test_refusals_name_their_argument():
@@ -59,6 +59,10 @@ def test_refusals_name_their_argument():
                                                                          "max_tokens must be <= 250, got 300")
     assert refusal(TypeError("the pool is full")).param is None
     assert refusal(TypeError("x must be y, got z")).code == "invalid_type"
+    assert refusal(ValueError("messages[0].content[1].type must be x, got y"), default="messages").param == \
+        "messages[0].content[1].type"  # the field the message names, else the default
+    assert refusal(ValueError("the image is broken"), default="messages").param == "messages"
+    assert refusal(ValueError("a.b must be x, got y"), "a").param == "a"
     with pytest.raises(APIError, match="invalid JSON"):
         parse_body(b"{'single': 'quotes'}")
     assert parse_body(b'{"a": 1}') == {"a": 1}

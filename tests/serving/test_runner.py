@@ -64,3 +64,64 @@ def test_refusals(model):
     assert_refused(lambda: ModelRunner("tinylm", 4, 4), TypeError, "model", "str", "a TinyLM")
     assert_refused(lambda: ModelRunner(model, 0, BS), ValueError, "num_blocks", 0, "a positive int")
     assert runner.nbytes() == 2 * 4 * runner.k.numel()
+
+
+def test_execute_passes_embeds_only_to_a_step_that_has_them():
+    from labkit.tinylm import TinyLM, TinyLMConfig
+
+    class Recording(TinyLM):
+        def forward(self, tokens, cache=None, **kwargs):
+            self.calls.append(kwargs)
+            return super().forward(tokens, cache, **kwargs)
+
+    torch.manual_seed(0)
+    model = Recording(TinyLMConfig(vocab_size=32, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=16,
+                                   max_seq_len=16)).eval()
+    model.calls = []
+    runner = ModelRunner(model, 4, BS)
+    tokens = torch.tensor([1, 2, 3])
+    step = StepInput(tokens, torch.arange(3), torch.arange(3), [3], [3], [[0]], [0])
+    plain = runner.execute(step)
+    rows, values = torch.tensor([0, 1]), torch.randn(2, 8)
+    step.embeds = (rows, values)
+    with_images = runner.execute(step)
+    assert model.calls == [{}, {"embeds": (rows, values)}]
+    with torch.no_grad():
+        want = model(tokens[None], embeds=(rows, values))[0, -1]
+    assert torch.allclose(with_images[0], want, atol=1e-5) and not torch.allclose(plain, with_images)
+
+
+def one_step():
+    tokens = torch.tensor([1, 2, 3])
+    return StepInput(tokens, torch.arange(3), torch.arange(3), [3], [3], [[0]], [0])
+
+
+def pools_in_one_buffer(shape, gap=16):
+    """K and V as views of one buffer, `gap` elements apart (as a rank's arena holds them)."""
+    n = torch.Size(shape).numel()
+    buffer = torch.zeros(2 * n + gap)
+    return buffer, (buffer[:n].view(shape), buffer[n + gap:].view(shape))
+
+
+def test_given_pools_are_the_runner_s_and_give_the_same_logits(model):
+    plain = ModelRunner(model, 4, BS)
+    buffer, pools = pools_in_one_buffer(plain.k.shape)
+    runner = ModelRunner(model, 4, BS, pools=pools)
+    assert runner.k.data_ptr() == pools[0].data_ptr() and runner.v.data_ptr() == pools[1].data_ptr()
+    assert torch.equal(runner.execute(one_step()), plain.execute(one_step()))
+    n = plain.k.numel()
+    assert torch.equal(buffer[:n].view(plain.k.shape), plain.k) and torch.equal(buffer[n + 16:].view(plain.v.shape),
+                                                                                plain.v)
+    assert plain.k.abs().sum() > 0  # the step wrote K: the comparison above could fail
+
+
+def test_bad_pools_are_refused(model):
+    shape = ModelRunner(model, 4, BS).k.shape
+    _, (k, v) = pools_in_one_buffer(shape)
+    assert_refused(lambda: ModelRunner(model, 4, BS, pools=[k, v]), TypeError, "pools", "list", "a pair (k, v)")
+    assert_refused(lambda: ModelRunner(model, 4, BS, pools=(k, v.double())), ValueError, "pools[1]",
+                   f"torch.float64 {tuple(shape)}", "a contiguous torch.float32 tensor")
+    assert_refused(lambda: ModelRunner(model, 4, BS, pools=(k, v.transpose(1, 2))), ValueError, "pools[1]",
+                   f"torch.float32 {tuple(v.transpose(1, 2).shape)}", "a contiguous")
+    assert_refused(lambda: ModelRunner(model, 4, BS, pools=(k, k)), ValueError, "pools", "two views sharing bytes",
+                   "K and V pools that do not overlap")

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from labkit.kv_cache import LargerThanPoolError
 from labkit.serving import Engine, SamplingParams, Scheduler, StepCost, Status
+from labkit.serving.mm import MultiModalInput
 from labkit.kv_cache import BlockManager
 from labkit.tinylm import TinyLM, TinyLMConfig, generate
 from tests.refusals import assert_refused
@@ -172,3 +173,30 @@ def test_a_request_larger_than_the_pool_is_refused_and_nothing_changes(small):
     assert list(engine.requests) == ["fits"] and len(engine.scheduler.waiting) == 1
     engine.run_until_done()
     assert engine.get("fits").num_output_tokens == 9  # it filled all 4 blocks and finished
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(1, 10), st.integers(0, 2), st.integers(1, 8)),
+                min_size=1, max_size=6),
+       st.sampled_from(["static", "continuous", "chunked"]), st.sampled_from(["recompute", "swap"]),
+       st.integers(0, 6), st.booleans())
+def test_random_traces_with_images_conserve_requests_and_answer_from_their_own_images(small, reqs, policy,
+                                                                                      preemption, extra, caching):
+    """Prompts of text, then an image (one of three, over the same placeholder token 63), then text: conserved
+    requests and blocks at every step, and each output is its own full forward with its image (test_mm)."""
+    from tests.serving.test_mm import reference
+    feats = [torch.randn(6, CFG.d_model, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    prompts = [([1 + i % 3] * pre + [63] * 6 + [9, 8, 7][:post % 3 + 1],
+                (MultiModalInput(pre, 6, f"img{k}", feats[k]),)) for i, (pre, post, k, _) in enumerate(reqs)]
+    need = max(-(-(len(p) + m) // 4) for (p, _), (*_, m) in zip(prompts, reqs))
+    engine = Engine(small, num_blocks=need + extra, block_size=4, policy=policy, preemption=preemption,
+                    max_num_seqs=3, max_num_batched_tokens=5 if policy == "chunked" else None,
+                    enable_prefix_caching=caching, clock=StepCost())
+    ids = [engine.add_request(p, SamplingParams(max_tokens=m, temperature=0), mm=mm)
+           for (p, mm), (*_, m) in zip(prompts, reqs)]
+    while engine.has_unfinished():
+        engine.step()
+        check_invariants(engine, set(ids))
+    want = [reference(small, p, mm, m) for (p, mm), (*_, m) in zip(prompts, reqs)]
+    assert [engine.get(i).output for i in ids] == want
+    assert engine.block_manager.num_used_blocks == 0 and engine.runner.host == {}

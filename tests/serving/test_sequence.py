@@ -32,3 +32,14 @@ def test_bad_requests_are_refused(kwargs, error, name, value, expected):
 
 def test_finish_refuses_an_unknown_reason():
     assert_refused(lambda: Sequence("a", [1], SamplingParams()).finish("done"), ValueError, "reason", "done", "one of")
+
+
+def test_a_sequence_keeps_its_images_sorted_and_refuses_bad_ones():
+    import torch
+    from labkit.serving.mm import MultiModalInput
+    late, early = MultiModalInput(3, 2, "b", torch.zeros(2, 4)), MultiModalInput(0, 2, "a", torch.zeros(2, 4))
+    seq = Sequence("a", [7] * 6, SamplingParams(), mm=[late, early])
+    assert seq.mm == (early, late) and seq.mm_spans == ((0, 2, "a"), (3, 2, "b"))
+    assert Sequence("t", [1], SamplingParams()).mm == ()
+    assert_refused(lambda: Sequence("a", [7] * 4, SamplingParams(), mm=[late]), ValueError, "mm[0]",
+                   "positions [3, 5)", "inside the prompt's 4 tokens")

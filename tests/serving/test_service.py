@@ -7,14 +7,17 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from labkit.kv_cache import LargerThanPoolError
 from labkit.serving.engine import Engine
+from labkit.serving.mm import MultiModalInput
+from labkit.serving.processor import Prompt, TextProcessor
 from labkit.serving.runner import ModelRunner
 from labkit.serving.sampling import SamplingParams
 from labkit.serving.api import ServerThread, make_app
 from labkit.serving.service import Service, ServiceUnavailable
-from labkit.tinylm import generate
+from labkit.tinylm import ByteTokenizer, generate
 from tests.serving.test_detokenize import stopped_reference
 from tests.refusals import assert_refused
 
@@ -232,3 +235,69 @@ def test_stream_interval_sends_tokens_in_steps(model, tok):
     finally:
         server.stop()
         service.stop()
+
+
+class Shouting(ByteTokenizer):
+    """A tokenizer whose text is upper case: shows which tokenizer the service decoded with."""
+
+    def decode_bytes(self, ids) -> bytes:
+        return super().decode_bytes(ids).upper()
+
+
+class Recording(TextProcessor):
+    """TinyLM's processor, remembering the threads it ran on."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads = []
+
+    def completion(self, prompt):
+        self.threads.append(threading.current_thread().name)
+        return super().completion(prompt)
+
+
+def test_a_loader_may_bring_its_processor_and_tokenizer(model, tok):
+    processor = Recording()
+    svc = Service(lambda: (Engine(model, num_blocks=16), processor, Shouting())).start()
+    try:
+        assert svc.wait_ready(60), svc.error
+        assert svc.processor is processor and isinstance(svc.tokenizer, Shouting)
+
+        async def main():
+            prompt = await svc.process("completion", "copy abc -> ")
+            return prompt, await (await svc.submit(prompt, GREEDY)).collect(), threading.current_thread().name
+        prompt, out, loop_thread = run(main())
+        assert prompt == Prompt(tok.encode("copy abc -> "))
+        assert out.text == tok.decode(offline(model, [prompt.token_ids])[0]).upper()
+        assert processor.threads and all(t.startswith("labkit-processor") and t != loop_thread
+                                         for t in processor.threads)
+        with pytest.raises(ValueError, match="takes no images"):
+            run(svc.process("chat", [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]))
+    finally:
+        svc.stop()
+    with pytest.raises(ServiceUnavailable):
+        run(svc.process("completion", "1+1="))
+    bad = Service(lambda: (Engine(model, num_blocks=8), "not a processor")).start()
+    assert not bad.wait_ready(60) and "processor must be a Processor" in bad.error
+    bad.stop()
+
+
+def test_image_inputs_reach_the_engine(service, model):
+    """A Prompt's mm (image features at placeholder positions) goes to engine.add_request(mm=...): the answer is
+    the offline engine's for the same inputs, and differs from the one without them."""
+    d = model.cfg.d_model
+    torch.manual_seed(0)
+    image = MultiModalInput(offset=2, length=3, hash="picture", embeds=torch.randn(3, d) * 3)
+    ids = list(b"ab...=")
+    prompt = Prompt(ids, (image,), 3)
+
+    async def main():
+        stream = await service.submit(prompt, GREEDY)
+        return stream.num_prompt_tokens, await stream.collect()
+    n, out = run(main())
+    engine = Engine(model, num_blocks=64)
+    rid = engine.add_request(ids, GREEDY, mm=(image,))
+    engine.run_until_done()
+    assert n == len(ids) and out.text == ByteTokenizer().decode(engine.get(rid).output)
+    assert out.text != ByteTokenizer().decode(offline(model, [ids])[0])

@@ -2,6 +2,7 @@
 equal, logits within float32 reordering noise), refuses a bad tp before any process starts, and turns a
 rank's failure into RankError and a runner that refuses further calls. One Pool(2) for the module."""
 import multiprocessing as mp
+import time
 
 import openai
 import pytest
@@ -10,8 +11,9 @@ import torch
 from labkit.parallel import Pool, RankError
 from labkit.serving import Engine, ModelRunner, SamplingParams, StepInput
 from labkit.serving.launch import start_service
-from labkit.serving.tp import TPRunner, tp_engine
-from labkit.tinylm import TASK_KINDS, generate, make_tasks
+from labkit.parallel.tensor import ShardedTinyLM
+from labkit.serving.tp import TPRunner, built_tp_engine, tp_engine
+from labkit.tinylm import TASK_KINDS, generate, load_pretrained, make_tasks
 from tests.refusals import assert_refused
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0)
@@ -172,6 +174,58 @@ def test_a_failing_rank_is_a_rank_error_and_closes_the_runner(model, some, pool)
         bystander.execute(good)
     with pytest.raises(TypeError, match="step must be a labkit.serving.batch.StepInput"):
         bystander.execute("step")
+
+
+def shard_on_the_rank(rank: int, world: int, fail_on: int = -1) -> ShardedTinyLM:
+    """A builder the ranks run (TPRunner.from_builder): each loads the committed checkpoint itself and keeps its
+    shard, so nothing is sent from the engine process; rank `fail_on` raises instead."""
+    if rank == fail_on:
+        raise OSError(f"no weights for rank {rank}")
+    return ShardedTinyLM(load_pretrained()[0], rank, world)
+
+
+@pytest.mark.timeout(90)
+def test_ranks_that_build_their_own_shard_give_the_tokens_of_one_process(model, some, reference, pool):
+    engine = built_tp_engine(shard_on_the_rank, (), model.cfg, 2, pool=pool, max_num_seqs=8)
+    try:
+        assert isinstance(engine.runner, TPRunner) and engine.runner.cfg == model.cfg
+        assert engine.generate(some, GREEDY) == reference
+    finally:
+        engine.runner.close()
+    with pytest.raises(RankError, match="^rank 1 failed with OSError: no weights for rank 1"):
+        TPRunner.from_builder(shard_on_the_rank, (1,), model.cfg, 2, 8, 16, pool)
+
+
+def slow_shard(rank: int, world: int, seconds: float) -> ShardedTinyLM:
+    """A builder whose rank 1 hangs (a load that never ends)."""
+    if rank == 1:
+        time.sleep(seconds)
+    return shard_on_the_rank(rank, world)
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_hangs_while_building_ends_the_group_within_the_timeout(model, pool):
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^ranks \[(0, )?1\] did not finish setup_worker within 5 s"):
+        TPRunner.from_builder(slow_shard, (60,), model.cfg, 2, 8, 16, pool, timeout=5)
+    assert not pool.running and time.monotonic() - t0 < 30  # the hung rank was killed, not waited for
+
+
+@pytest.mark.timeout(60)
+def test_builder_arguments_are_refused_before_any_process_starts(model):
+    before = set(mp.active_children())
+    with pytest.raises(TypeError, match="^build must be a module-level function"):
+        TPRunner.from_builder(lambda rank, world: None, (), model.cfg, 2, 8, 16)
+    assert_refused(lambda: TPRunner.from_builder(shard_on_the_rank, [], model.cfg, 2, 8, 16), TypeError,
+                   "build_args", [], "a tuple")
+    assert_refused(lambda: TPRunner.from_builder(shard_on_the_rank, (), "cfg", 2, 8, 16), TypeError, "cfg", "cfg",
+                   "TinyLMConfig")
+    assert_refused(lambda: TPRunner.from_builder(shard_on_the_rank, (), model.cfg, 3, 8, 16), ValueError, "tp", 3,
+                   "a divisor of n_heads=4")
+    with pytest.raises(ValueError, match="pool must be a Pool of world 2"):
+        TPRunner.from_builder(shard_on_the_rank, (), model.cfg, 2, 8, 16, Pool(4))
+    assert_refused(lambda: built_tp_engine(shard_on_the_rank, (), model.cfg, 1), ValueError, "tp", 1, "> 1")
+    assert set(mp.active_children()) == before
 
 
 @pytest.mark.timeout(150)

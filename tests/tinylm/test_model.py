@@ -114,3 +114,17 @@ def test_rope_preserves_norms_and_depends_only_on_offsets():
 
 
 # --- bad input -----------------------------------------------------------------------------------
+
+
+def test_merge_embeds_writes_the_given_rows_and_nothing_else():
+    from labkit.tinylm import merge_embeds
+    x = torch.randn(2, 3, 4)
+    rows, values = torch.tensor([1, 4]), torch.randn(2, 4)
+    out = merge_embeds(x, (rows, values))
+    expected = x.clone()
+    expected[0, 1], expected[1, 1] = values[0], values[1]  # flattened row 4 = batch 1, time 1
+    assert torch.equal(out, expected) and merge_embeds(x, None) is x
+    for bad, error in [((rows, values[:1]), ValueError), ((torch.tensor([6, 0]), values), ValueError),
+                       ((rows.float(), values), ValueError), ([rows, values], TypeError)]:
+        with pytest.raises(error, match="embeds"):
+            merge_embeds(x, bad)

@@ -1,0 +1,176 @@
+"""Start-up for TinyVLM's release (notebook 07, section 5): what `python -m labkit.serving --model data/tinyvlm
+--tp 2 --port P` runs. labkit.serving names this module in its MODEL_TYPES registry ("tinyvlm" ->
+"labkit.day0.serve:engine_loader") and imports it only when a release of that type is served.
+
+    service process                                         rank r of tp (one gloo process each, tp > 1)
+    HTTP server listening at once: /health 503 "loading"
+    engine thread, load():
+      1. TPRunner.from_builder(rank_model, (folder, ...))  -->  rank_arena: ONE buffer planned from the headers
+                                                                (its slices, its KV pools, an activation reserve);
+                                                                build_rank_model(..., arena=) reads only its
+                                                                slices of only the shards that hold them into it;
+                                                                its ModelRunner's K/V pools are views of the
+                                                                arena's KV region (kv_pools)
+      2. load_encoder: vision tower + projector, here       (the language model is never allocated here)
+      3. VLMProcessor over an EncoderCache                   (the service's processor thread runs it)
+      4. engine.warmup(): a one-token forward on every rank  --> /health 200 "ready"
+
+tp = 1 needs no ranks: the decoder is rank 0 of 1 (every slice the whole tensor, the same arena), in this
+process. The activation reserve is the footprint's (labkit.day0.plan): planned room, which PyTorch's CPU
+allocator does not use (it allocates activations itself); on a device the arena would be all there is. A rank that
+fails to load (a truncated shard, ...) raises RankError naming the rank and the cause; the Pool has ended the
+group (no rank outlives it), /health says "failed", and `python -m labkit.serving` exits with code 1.
+check_release runs first, in parse_args: config.json parses, the folder is a release and --tp divides the
+decoder (exit 2 otherwise); the shards themselves are read by the ranks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from .._checks import check_choice, check_positive, check_positive_int, check_type
+from ..kv_cache import check_block_size
+from ..parallel import tensor
+from ..serving import Engine, ModelRunner, engine as serving_engine, tp as serving_tp
+from ..tinylm import ByteTokenizer
+from .arena import Arena, plan_arena
+from .config import TinyVLMConfig
+from .loading import as_release, build_rank_model, load_encoder, placed_sizes
+from .model import TinyVLM
+from .multimodal import EncoderCache, VLMProcessor
+from .plan import footprint
+from .release import CONFIG, INDEX, SINGLE, ReleaseError
+
+ENCODER_CACHE_IMAGES = 64
+"""Images whose features the service keeps (EncoderCache capacity)."""
+RANK_TIMEOUT_S = 60.0
+"""Seconds a rank may take to load its slices (and each collective later) before the group is ended."""
+KV_DTYPE = torch.float32
+"""The KV pools' dtype (lab 06's ModelRunner default), whatever the weights' precision."""
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+_ENGINE = inspect.signature(Engine).parameters  # the engine's own defaults, read rather than copied
+
+
+class ReleaseTokenizer(ByteTokenizer):
+    """TinyVLM's tokenizer: bytes are ids 0..255 as TinyLM's; the special ids (256.., the image placeholder
+    among them) decode to no text, so a sampled special id never breaks a stream."""
+
+    def decode_bytes(self, ids) -> bytes:
+        return super().decode_bytes([i for i in ids if not (isinstance(i, int) and i >= 256)])
+
+
+def check_release(folder, tp: int) -> TinyVLMConfig:
+    """The config of the release in `folder`, checked cheaply before the service starts: config.json parses
+    (ConfigError names the field), the folder holds an index or a single model.safetensors, and `tp` divides
+    the decoder (heads, KV heads, d_ff, vocabulary). ReleaseError / ValueError say which."""
+    check_type("folder", folder, (str, Path), "a release folder (str or Path)")
+    folder = Path(folder)
+    if not (folder / CONFIG).is_file():
+        raise ReleaseError(f"{folder}: not a release ({CONFIG} is missing)")
+    try:
+        cfg = TinyVLMConfig.from_dict(json.loads((folder / CONFIG).read_text()))
+    except json.JSONDecodeError as e:
+        raise ReleaseError(f"{CONFIG}: not valid JSON ({e})") from None
+    if not ((folder / INDEX).is_file() or (folder / SINGLE).is_file()):
+        raise ReleaseError(f"{folder}: not a release (neither {INDEX} nor {SINGLE} is there)")
+    tensor.check_tp(cfg.text_config, tp)
+    return cfg
+
+
+def kv_shape(cfg: TinyVLMConfig, tp: int, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+    """One rank's K (or V) pool: [n_layers, n_kv_heads / tp, num_blocks * block_size, head_dim]."""
+    t = cfg.text_config
+    return t.n_layers, t.n_kv_heads // tp, num_blocks * block_size, t.head_dim
+
+
+def rank_arena(folder, rank: int, tp: int, dtype: str, num_blocks: int, block_size: int, max_num_seqs: int,
+               max_num_batched_tokens: int | None = None) -> Arena:
+    """Rank `rank` of `tp`'s arena, planned before a byte is read: its slices as placed (placed_sizes, from
+    the headers), then its K and V pools (kv_shape, KV_DTYPE), then the footprint's activations for
+    max_num_seqs sequences (labkit.day0.plan.footprint at the weights' precision)."""
+    release = as_release(folder)
+    kv = 2 * math.prod(kv_shape(release.config, tp, num_blocks, block_size)) * KV_DTYPE.itemsize
+    act = footprint(release.config, DTYPE_BYTES[dtype], max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                    tp=tp)["activations"]
+    return Arena(plan_arena(placed_sizes(release, rank, tp, dtype), kv, act))
+
+
+def kv_pools(arena: Arena, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V pools as views of the arena's KV region, zeroed (what ModelRunner allocates otherwise)."""
+    region = arena.kv_region().view(KV_DTYPE).zero_()  # [2 * L * H * S * D]
+    k, v = region.view(2, *shape).unbind(0)  # each [L, H, S, D], contiguous
+    return k, v
+
+
+def rank_model(rank: int, world: int, folder: str, dtype: str, num_blocks: int, block_size: int,
+               max_num_seqs: int, max_num_batched_tokens: int | None = None):
+    """On TP rank `rank`: its shard of the decoder, read from the files by this rank into its arena
+    (rank_arena, build_rank_model(..., arena=)); the shard carries `kv_pools` (views of the arena, which
+    ModelRunner takes) and its local decoder `arena`."""
+    release = as_release(folder)
+    arena = rank_arena(release, rank, world, dtype, num_blocks, block_size, max_num_seqs, max_num_batched_tokens)
+    sharded = build_rank_model(release, rank, world, dtype, arena=arena)
+    sharded.kv_pools = kv_pools(arena, kv_shape(release.config, world, num_blocks, block_size))
+    sharded.local.arena = arena
+    return sharded
+
+
+def encoder_model(folder, cfg: TinyVLMConfig) -> TinyVLM:
+    """A TinyVLM whose vision tower and projector hold the release's weights (load_encoder) and whose language
+    model stays on the meta device (never allocated): its encode_images is the service's encoder."""
+    with torch.device("meta"):
+        model = TinyVLM(cfg)
+    missing, unexpected = model.load_state_dict(load_encoder(folder), strict=False, assign=True)
+    left = [n for n in missing if not n.startswith("language_model.")]
+    if left or unexpected:
+        raise ReleaseError(f"{folder}: encoder tensor {(left or unexpected)[0]!r} "
+                           f"{'was not loaded' if left else 'is not the model'}")
+    return model.eval()
+
+
+def build_engine(folder, tp: int = 1, dtype: str = "float32", timeout: float = RANK_TIMEOUT_S,
+                 **engine_kwargs) -> tuple[Engine, VLMProcessor, ReleaseTokenizer]:
+    """The service's (engine, processor, tokenizer) for the release in `folder` (see the module docstring):
+    the decoder in `dtype` over `tp` gloo ranks that each load their own slices (tp 1: in this process), the
+    encoder (FP32) and its cache here; `timeout`: seconds a rank may take to load (and each collective). The
+    other keywords go to Engine; num_blocks, block_size and max_num_seqs (Engine's defaults) also size each
+    rank's arena. Close the ranks with engine.runner.close() (tp > 1)."""
+    cfg = check_release(folder, tp)
+    check_positive("timeout", timeout, unit="seconds")
+    check_choice("dtype", dtype, ("float32", "bfloat16"))
+    block_size = check_block_size(engine_kwargs.get("block_size", _ENGINE["block_size"].default))
+    seqs = check_positive_int("max_num_seqs", engine_kwargs.get("max_num_seqs", _ENGINE["max_num_seqs"].default))
+    num_blocks = engine_kwargs.get("num_blocks")
+    num_blocks = serving_engine.default_num_blocks(cfg.text_config, seqs, block_size) if num_blocks is None \
+        else check_positive_int("num_blocks", num_blocks)
+    sizes = (num_blocks, block_size, seqs, engine_kwargs.get("max_num_batched_tokens"))
+    engine_kwargs = {**engine_kwargs, "num_blocks": num_blocks, "block_size": block_size}
+    if tp == 1:
+        shard = rank_model(0, 1, str(folder), dtype, *sizes)
+        runner = ModelRunner(shard.local, num_blocks, block_size, pools=shard.kv_pools)
+        engine = Engine(runner=runner, **engine_kwargs)
+    else:
+        engine = serving_tp.built_tp_engine(rank_model, (str(folder), dtype, *sizes), cfg.text_config, tp,
+                                            timeout=timeout, **engine_kwargs)
+    try:
+        cache = EncoderCache(encoder_model(folder, cfg).encode_images, ENCODER_CACHE_IMAGES,
+                             cfg.vision_config.image_size)
+        return engine, VLMProcessor(None, cfg, cache), ReleaseTokenizer()
+    except BaseException:
+        close = getattr(engine.runner, "close", None)
+        if close is not None:
+            close()
+        raise
+
+
+def engine_loader(args, engine_kwargs: dict):
+    """labkit.serving's entry for model_type "tinyvlm": checks the release and --tp now (parse time, exit 2),
+    and returns load(), which builds (engine, processor, tokenizer) on the service's engine thread (FP32)."""
+    folder, tp = Path(args.model).resolve(), args.tp  # the ranks get an absolute path
+    check_release(folder, tp)
+    return lambda: build_engine(folder, tp, **engine_kwargs)
