@@ -34,8 +34,8 @@ from .images import QUESTION_KINDS, make_image_tasks, to_pixels
 from .model import TinyVLM
 
 RELEASE = DATA / "tinyvlm"
-RECIPE = dict(steps=1000, text_batch=12, image_batch=48, lr=1e-3, decoder_lr=3e-4, min_lr_ratio=0.05, warmup=50,
-              weight_decay=0.05, grad_clip=1.0, train_bytes=4_000_000, image_pool=24_000, task_batch=32, task_pool=30_000,
+RECIPE = dict(steps=1400, text_batch=12, image_batch=48, lr=1e-3, decoder_lr=3e-4, min_lr_ratio=0.05, warmup=50,
+              weight_decay=0.05, grad_clip=1.0, train_bytes=4_000_000, image_pool=24_000, digit_share=0.5, task_batch=32, task_pool=30_000,
               seed=0,
               max_shard_size="1MB")
 
@@ -82,9 +82,12 @@ def _answer_batch(rows: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torc
     return tokens, mask
 
 
-def _image_batches(cfg: TinyVLMConfig, pool: int, seed: int):
-    """The training image questions: (pixels uint8 [n, 3, S, S], tokens [n, L], loss mask [n, L])."""
-    tasks = [t for kind in QUESTION_KINDS for t in make_image_tasks(kind, pool // len(QUESTION_KINDS), "train", seed)]
+def _image_batches(cfg: TinyVLMConfig, pool: int, seed: int, digit_share: float = 0.25):
+    """The training image questions: (pixels uint8 [n, 3, S, S], tokens [n, L], loss mask [n, L]); digit
+    questions make `digit_share` of them (glyphs are the hardest kind), the other kinds share the rest."""
+    others = [k for k in QUESTION_KINDS if k != "digit"]
+    counts = {k: int(pool * (1 - digit_share)) // len(others) for k in others} | {"digit": int(pool * digit_share)}
+    tasks = [t for kind in QUESTION_KINDS for t in make_image_tasks(kind, counts[kind], "train", seed)]
     tok = ByteTokenizer()
     tokens, mask = _answer_batch([(task_tokens(cfg, t.question) + tok.encode(t.answer + "\n"),
                                    len(task_tokens(cfg, t.question))) for t in tasks])
@@ -114,7 +117,7 @@ def train(steps: int = RECIPE["steps"], seed: int = RECIPE["seed"], **overrides)
         return torch.stack([stream[s:s + T + 1] for s in starts])  # [n, T + 1]
 
     model = from_tinylm(tinylm, cfg, text_batch(8)[:, :-1], seed)
-    pixels, tokens, mask = _image_batches(cfg, r["image_pool"], seed)
+    pixels, tokens, mask = _image_batches(cfg, r["image_pool"], seed, r["digit_share"])
     task_tokens_, task_mask = _text_task_batches(r["task_pool"], seed)
     decoder = [p for n, p in model.named_parameters() if n.startswith("language_model.") and "_norm." not in n]
     new = [p for n, p in model.named_parameters() if not n.startswith("language_model.") or "_norm." in n]
