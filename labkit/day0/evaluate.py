@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_positive_int, fail
+from .._checks import check_positive_int, check_type, fail
 from ..tinylm import ByteTokenizer, corpus, perplexity, task_accuracy
 from .config import TinyVLMConfig
 from .images import QUESTION_KINDS, ImageTask, make_image_tasks, to_pixels
@@ -17,6 +17,8 @@ VAL_BYTES = 65_536
 
 def task_tokens(cfg: TinyVLMConfig, question: str, n_images: int = 1) -> list[int]:
     """The prompt the model was trained on: the image placeholders, then the question's bytes."""
+    check_type("question", question, str, "a question such as 'colour='")
+    check_positive_int("n_images", n_images, allow_zero=True)
     return [cfg.image_token_id] * (cfg.tokens_per_image * n_images) + ByteTokenizer().encode(question)
 
 

@@ -45,6 +45,10 @@ def test_the_prompt_is_the_placeholders_then_the_question(released):
     assert task_tokens(cfg, "count=", 2) == [cfg.image_token_id] * (2 * cfg.tokens_per_image) + list(b"count=")
     with pytest.raises(TypeError, match="tasks"):
         image_task_correct(released, [])
+    with pytest.raises(TypeError, match="^question must be"):
+        task_tokens(cfg, 5)
+    with pytest.raises(ValueError, match="^n_images must be"):
+        task_tokens(cfg, "count=", -1)
 
 
 def test_the_release_is_at_least_as_good_as_tinylm_on_the_text_tasks(released):
