@@ -22,11 +22,13 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
     api        make_app (FastAPI: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics),
                ServerThread (uvicorn in a thread); `python -m labkit.serving` starts it all
     launch     start_service / ServiceProcess: that command as a child process, healthy or an error
+    register   Registrar, REGISTER_PATH, heartbeat_path, replica_path: a replica's side of discovery (lab 08's
+               router): register once healthy, heartbeat, register again after a 404, deregister on stop
     explore    the plots and the scheduler widget;  exercises   the notebook's exercises
 """
 
-from . import (api, batch, detokenize, engine, exercises, explore, launch, metrics, mm, processor, protocol, runner, sampling,
-               scheduler, sequence, service, stream, tp, workload)
+from . import (api, batch, detokenize, engine, exercises, explore, launch, metrics, mm, processor, protocol, register, runner,
+               sampling, scheduler, sequence, service, stream, tp, workload)
 from .api import ServerThread, make_app
 from .detokenize import TextDecoder
 from .batch import PagedBatch, StepInput
@@ -35,6 +37,7 @@ from .metrics import Record, request_metrics, summarize
 from .mm import MultiModalInput, check_mm, step_embeds
 from .processor import Processor, Prompt, TextProcessor
 from .protocol import APIError
+from .register import REGISTER_PATH, Registrar, check_http_url, heartbeat_body, heartbeat_path, replica_path
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, probabilities, sample, sample_batch
 from .scheduler import POLICIES, PREEMPTION_MODES, Scheduler
@@ -43,9 +46,10 @@ from .service import Service, ServiceUnavailable
 from .tp import TPRunner, built_tp_engine, tp_engine
 from .workload import TraceRequest, arrival_times, make_trace
 
-__all__ = ["api", "batch", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "mm", "processor", "protocol", "runner",
+__all__ = ["api", "batch", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "mm", "processor", "protocol", "register", "runner",
            "sampling", "scheduler", "sequence", "service", "stream", "tp", "workload", "ServerThread", "make_app", "TextDecoder",
            "PagedBatch", "StepInput", "Engine", "StepCost", "StepOutput", "MultiModalInput", "check_mm", "step_embeds", "Record", "request_metrics", "summarize",
            "Processor", "Prompt", "TextProcessor", "APIError", "ModelRunner", "SamplingParams", "make_generator", "probabilities", "sample", "sample_batch",
            "POLICIES", "PREEMPTION_MODES", "Scheduler", "Sequence", "Status", "Service", "ServiceUnavailable",
-           "TPRunner", "built_tp_engine", "tp_engine", "TraceRequest", "arrival_times", "make_trace"]
+           "TPRunner", "built_tp_engine", "tp_engine", "TraceRequest", "arrival_times", "make_trace",
+           "REGISTER_PATH", "Registrar", "check_http_url", "heartbeat_body", "heartbeat_path", "replica_path"]

@@ -4,6 +4,7 @@
     python -m labkit.serving --model data/tinylm --port 8000            # then: curl localhost:8000/health
     python -m labkit.serving --model data/tinylm.safetensors --port 0   # port 0: a free port, printed
     python -m labkit.serving --model data/tinyvlm --tp 2 --port 0       # a Hugging Face-style release folder
+    python -m labkit.serving --model data/tinylm --port 0 --register http://127.0.0.1:9000  # join a router (lab 08)
 
 --model is a TinyLM checkpoint (PATH.safetensors + PATH.json), or a release folder (config.json and its
 safetensors shards). A release is served by the loader its config.json's "model_type" names in MODEL_TYPES:
@@ -38,6 +39,7 @@ from .._checks import fail
 from ..parallel import tensor
 from ..tinylm import TinyLMConfig, load_pretrained
 from .api import ServerThread, make_app
+from .register import Registrar, check_http_url, routable_url
 from .scheduler import POLICIES, PREEMPTION_MODES
 from .service import Service
 
@@ -89,6 +91,23 @@ def _positive(text: str) -> int:
     return value
 
 
+def _router_root(text: str) -> str:
+    try:
+        return check_http_url("--register", text, root=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--register ")) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m labkit.serving", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,6 +128,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "the clients: on 2 cores, 1 thread serves faster under load, benchmarks/RESULTS.md)")
     parser.add_argument("--stream-interval", type=_positive, default=1,
                         help="tokens per streamed chunk at least (SGLang's option: fewer events, coarser streaming)")
+    parser.add_argument("--register", type=_router_root, default=None, metavar="ROUTER_ROOT",
+                        help="register with the router at this root URL (http://127.0.0.1:PORT, no /v1) once "
+                             "healthy, heartbeat, deregister on exit (labkit.serving.register; lab 08); with a "
+                             "wildcard --host (0.0.0.0, ::) it registers its 127.0.0.1 URL")
+    parser.add_argument("--heartbeat-interval", type=_seconds, default=0.25, metavar="S",
+                        help="seconds between heartbeats to the router (default 0.25)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
@@ -186,12 +211,21 @@ def main(argv=None) -> int:
     server.start()  # listening before the model loads: /health says 503 meanwhile
     service.start()
     print(f"serving {args.name} on {server.url}/v1", flush=True)
+    registrar = None
+    if args.register:  # joins the router once /health would answer 200; deregisters before the server stops
+        url = routable_url(f"{server.url}/v1")  # 0.0.0.0 / :: listen everywhere; the router connects to loopback
+        if url != f"{server.url}/v1":
+            print(f"registering {url} with the router (listening on {server.url})", flush=True)
+        registrar = Registrar(args.register, url, args.name, lambda: service.state == "ready",
+                              service.stats, args.heartbeat_interval).start()
     code = 0
     while not stop.wait(0.2):
         if service.state == "failed":
             print(f"the service failed: {service.error}", file=sys.stderr)
             code = 1
             break
+    if registrar is not None:
+        registrar.stop()
     server.stop()
     service.stop()
     return code

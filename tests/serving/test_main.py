@@ -15,8 +15,11 @@ import pytest
 from labkit.paths import ROOT, TINYLM_CHECKPOINT
 from labkit.serving.__main__ import (MODEL_TYPES, checkpoint_stem, engine_loader, model_loader, parse_args,
                                      release_config)
+from labkit.serving.launch import start_service
+from labkit.serving.register import REGISTER_PATH, heartbeat_path, replica_path
 from labkit.tinylm import generate
 from tests.refusals import assert_refused
+from tests.serving.fake_router import FakeRouter, wait_until
 
 LINE = re.compile(r"^serving (\S+) on (http://127\.0\.0\.1:(\d+)/v1)$")
 
@@ -115,3 +118,42 @@ def test_a_release_s_model_type_picks_its_loader(tmp_path, capsys):
         assert info.value.code == 2 and expected in err and str(tmp_path) in err, err
     (tmp_path / "config.json").unlink()
     assert release_config(str(tmp_path)) is None and release_config(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.timeout(120)
+def test_register_joins_the_router_and_leaves_on_sigterm():
+    """`--register ROOT` (lab 08): once healthy it registers its own /v1 URL (127.0.0.1 when it listens on
+    0.0.0.0), heartbeats with its url and queue lengths at --heartbeat-interval, and deregisters on SIGTERM
+    before exiting with code 0."""
+    router = FakeRouter()
+    try:
+        args = ["--register", router.root, "--heartbeat-interval", "0.1", "--host", "0.0.0.0"]
+        with start_service(args=args) as service:
+            wait_until(lambda: len(router.of("POST", heartbeat_path("replica-1"))) >= 3, timeout=30)
+            url = service.url.replace("//0.0.0.0:", "//127.0.0.1:")
+            assert service.url.startswith("http://0.0.0.0:") and url.startswith("http://127.0.0.1:")
+            assert router.of("POST", REGISTER_PATH)[0][3] == {"url": url, "model": "tinylm"}
+            assert set(router.of("POST", heartbeat_path("replica-1"))[-1][3]) == {"url", "running", "waiting"}
+            assert router.of("DELETE") == []
+        assert service.returncode == 0
+        assert [c[1:3] for c in router.of("DELETE")] == [("DELETE", replica_path("replica-1"))]
+        assert router.ids == {}
+    finally:
+        router.close()
+
+
+@pytest.mark.parametrize("argv", [["--heartbeat-interval", "0"], ["--heartbeat-interval", "x"],
+                                  ["--heartbeat-interval", "inf"], ["--register", "not-a-url"],
+                                  ["--register", "http://127.0.0.1:9000/v1"]])
+def test_bad_register_options_exit_2_with_a_message(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model", "data/tinylm", *argv])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"argument {argv[0]}: must be" in err and argv[1] in err, err
+
+
+def test_register_options_default_to_none_and_a_quarter_second():
+    args = parse_args(["--model", "data/tinylm"])
+    assert (args.register, args.heartbeat_interval) == (None, 0.25)
+    args = parse_args(["--model", "data/tinylm", "--register", "http://127.0.0.1:9000/", "--heartbeat-interval", "1"])
+    assert (args.register, args.heartbeat_interval) == ("http://127.0.0.1:9000", 1.0)
