@@ -5,6 +5,7 @@
 #               (when Chromium and playwright are installed; it says so when it skips it)
 # Instructors: make student (hand out), make grade SUBMISSIONS=folder [LAB=00_setup] (collect, grade),
 # make lab-instructor (JupyterLab on notebooks/, the solutions). make test-browser: the browser test alone.
+# Maintainers: make test-portable runs nbval again under other CPU kernels (CI runs it after make test).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,7 +25,14 @@ CHROMIUM ?= /usr/bin/chromium
 BROWSER_TEST ?= auto
 CLASSROOM := $(BIN)/python -m labkit.course.classroom
 
-.PHONY: lab lab-instructor test test-browser student grade clean
+# A learner's laptop without AVX-512 or AMX, on one thread: torch's own kernels held to AVX2, oneDNN and MKL
+# likewise, OpenMP (torch, numba, OpenBLAS) on 1 thread. A stored output that depends on the CPU's kernels or
+# on the thread count differs under these settings, so `make test-portable` fails on it on any machine.
+PORTABLE_ENV ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 OMP_NUM_THREADS=1
+# The notebooks test-portable checks (one of them: make test-portable NB=notebooks/03_int4_quantization.ipynb).
+NB ?= notebooks
+
+.PHONY: lab lab-instructor test test-portable test-browser student grade clean
 
 # The venv is rebuilt only when pyproject.toml changes: a second `make test` installs nothing.
 $(STAMP): pyproject.toml
@@ -53,6 +61,11 @@ test: $(STAMP)
 		echo "SKIPPED: the browser test (make test-browser): no $(CHROMIUM) or no playwright;" \
 			"install Chromium (apt-get install chromium) to run it"; \
 	fi
+
+# nbval on every notebook again, under PORTABLE_ENV: the stored outputs must not depend on this machine's CPU.
+test-portable: $(STAMP)
+	@$(BIN)/python -c "import matplotlib.pyplot"
+	env $(PORTABLE_ENV) $(BIN)/python -m pytest $(NBVAL_FLAGS) $(NB)
 
 # Every student notebook opened in JupyterLab in headless Chromium: run all cells, no errors, every widget
 # rendered and answering its controls. Fails (not skips) when Chromium or playwright is missing.

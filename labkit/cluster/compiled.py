@@ -5,8 +5,8 @@ verdict for a model this small (notebook 08, part 1; benchmarks/cluster_compile.
     compile_verdict(...)          the sentence, from interleaved timings
     compare_compile(model, ...)   CompileReport: compile seconds, eager vs compiled tokens/s (medians of
                                   interleaved repeats), kernels, graphs and graph breaks, max |logit diff|,
-                                  and a verdict ("unreliable on this run" when the repeats overlap or are
-                                  fewer than MIN_REPEATS = 3)
+                                  and a verdict ("unreliable on this run" unless the repeats separate by
+                                  the course's rule, labkit.course.evidence)
     inductor_kernels(gm, inputs)  the C++ kernels inductor launches for a captured graph, in order (to set
                                   against labkit.cluster.graph.fused_kernels)
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import check_bool, check_positive, check_positive_int, check_type, fail
-from ..course import timing
+from ..course import evidence, timing
 from ..tinylm import KVCache, TinyLM, corpus
 from .graph import check_inputs
 
@@ -161,31 +161,25 @@ class CompileReport:
     verdict: str = ""
 
 
-MIN_REPEATS = 3  # fewer: compile_verdict calls the run unreliable
-
-
 def compile_verdict(eager: timing.Timing, compiled: timing.Timing, compile_s: float,
                     new_tokens: int) -> tuple[bool, str]:
-    """(reliable, sentence) from interleaved loop timings: "unreliable on this run" when either has fewer than
-    MIN_REPEATS repeats (a median of 1 or 2 says nothing about the noise) or the two sets of repeats overlap
-    (the slowest of one is slower than the fastest of the other), else the speed-up of the medians and after
-    how many generated tokens the compile time is paid back: compile_s / (eager - compiled) loops (never,
-    when slower)."""
+    """(reliable, sentence) from interleaved loop timings: "unreliable on this run (<why>)" unless the repeats
+    separate by the course's rule (labkit.course.evidence: at least 4 each, no overlap), else the speed-up of
+    the medians and after how many generated tokens the compile time is paid back: compile_s / (eager -
+    compiled) loops (never, when slower)."""
     check_type("eager", eager, timing.Timing, "a labkit.course.timing.Timing")
     check_type("compiled", compiled, timing.Timing, "a labkit.course.timing.Timing")
     check_positive("compile_s", compile_s, "seconds", allow_zero=True)
     check_positive_int("new_tokens", new_tokens, "tokens per loop")
-    if min(len(eager.times), len(compiled.times)) < MIN_REPEATS:
-        return False, f"unreliable on this run (fewer than {MIN_REPEATS} repeats)"
-    e, c = eager.median, compiled.median
-    if max(eager.times) >= min(compiled.times) and max(compiled.times) >= min(eager.times):
-        return False, (f"unreliable on this run: eager and compiled repeats overlap ({e * 1e3:.0f} ms "
-                       f"+-{eager.spread:.0%} vs {c * 1e3:.0f} ms +-{compiled.spread:.0%})")
-    if c >= e:
-        return True, (f"compiled is {e / c:.2f}x eager (slower) after {compile_s:.0f} s of compiling: "
+    c = evidence.compare("eager", eager, "compiled", compiled, " s")
+    if not c.reliable:
+        return False, c.unreliable()
+    e, comp = eager.median, compiled.median
+    if comp >= e:
+        return True, (f"compiled is {e / comp:.2f}x eager (slower) after {compile_s:.0f} s of compiling: "
                       f"it never pays off for this model")
-    loops = compile_s / (e - c)  # loops until the seconds saved equal the seconds spent compiling
-    return True, (f"compiled is {e / c:.2f}x faster per token after {compile_s:.0f} s of compiling: pays off "
+    loops = compile_s / (e - comp)  # loops until the seconds saved equal the seconds spent compiling
+    return True, (f"compiled is {e / comp:.2f}x faster per token after {compile_s:.0f} s of compiling: pays off "
                   f"after about {loops * new_tokens:,.0f} generated tokens ({loops:,.0f} loops)")
 
 
@@ -198,7 +192,7 @@ def compare_compile(model: TinyLM, prompt_tokens: int = 16, new_tokens: int = 48
     torch._inductor.metrics.generated_kernel_count, max_abs_diff over every step's logits. `compiler`
     overrides inductor's C++ compiler (a name or path; one that does not work gives the eager-only report, and
     so does any error of the first compiled loop: reason "inductor failed: <its first line>"). Fewer than
-    MIN_REPEATS repeats run, but the verdict calls them unreliable.
+    evidence.MIN_REPEATS (4) repeats run, but the verdict calls them unreliable.
     torch._dynamo is reset before and after, so nothing leaks into later code. About 30 s for the course
     TinyLM on 2 cores, nearly all of it compiling."""
     check_type("model", model, TinyLM, "a TinyLM")

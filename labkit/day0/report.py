@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 
-from .._checks import check_fraction, check_positive, check_positive_int, check_type, fail
-from ..course import display
+from .._checks import check_bool, check_fraction, check_positive, check_positive_int, check_type, fail
+from ..course import display, evidence
 
 LABS: dict[str, str] = {
     "operators": "lab 00 TinyLM runtime + lab 07 operator table",
@@ -42,7 +42,10 @@ class Day0Report:
     an image request through the service (ttft_image_repeat_s: the same image again, encoder cache warm, or
     None); accuracy / reference_accuracy: exact-match fraction per question kind and text task, served and
     in the FP32 single-process reference run (the same keys); layout and precision in words ("TP=2",
-    "bf16"). Validates itself: a missing or bad field is refused by name."""
+    "bf16"). load_reliable / ttft_image_repeat_reliable: whether the repeats behind the threaded-vs-serial
+    load and the repeated-vs-new image separate by the course's rule (labkit.course.evidence); when not, the
+    line that compares them says "unreliable on this run" instead of a figure. Validates itself: a missing or
+    bad field is refused by name."""
     operators: list[str]
     planned_bytes: list[int]
     measured_bytes: list[int]
@@ -56,6 +59,8 @@ class Day0Report:
     precision: str = "bf16"
     model: str = "TinyVLM"
     ttft_image_repeat_s: float | None = None
+    load_reliable: bool = True
+    ttft_image_repeat_reliable: bool = True
     labs: dict[str, str] = field(default_factory=lambda: dict(LABS))
 
     def __post_init__(self):
@@ -73,6 +78,8 @@ class Day0Report:
                  f"({len(self.planned_bytes)} ranks)")
         for name in ("load_serial_s", "load_threaded_s", "ttft_text_s", "ttft_image_s"):
             check_positive(name, getattr(self, name), unit="seconds")
+        for name in ("load_reliable", "ttft_image_repeat_reliable"):
+            check_bool(name, getattr(self, name))
         if self.ttft_image_repeat_s is not None:
             check_positive("ttft_image_repeat_s", self.ttft_image_repeat_s, unit="seconds")
         for name in ("accuracy", "reference_accuracy"):
@@ -123,13 +130,16 @@ def report_rows(report: Day0Report) -> list[dict]:
     rows += [{"line": f"load {report.precision}, threaded (s)", "this run": float(report.load_threaded_s),
               "reference": float(report.load_serial_s), "from": labs["load"]},
              {"line": "load speed-up, serial/threaded (x)",
-              "this run": report.load_serial_s / report.load_threaded_s, "reference": "-", "from": labs["load"]},
+              "this run": (report.load_serial_s / report.load_threaded_s if report.load_reliable
+                           else evidence.UNRELIABLE),
+              "reference": "-", "from": labs["load"]},
              {"line": "TTFT text (ms)", "this run": 1e3 * report.ttft_text_s, "reference": "-",
               "from": labs["ttft_text"]},
              {"line": "TTFT image (ms)", "this run": 1e3 * report.ttft_image_s, "reference": "-",
               "from": labs["ttft_image"]}]
     if report.ttft_image_repeat_s is not None:
-        rows.append({"line": "TTFT same image again (ms)", "this run": 1e3 * report.ttft_image_repeat_s,
+        again = 1e3 * report.ttft_image_repeat_s if report.ttft_image_repeat_reliable else evidence.UNRELIABLE
+        rows.append({"line": "TTFT same image again (ms)", "this run": again,
                      "reference": 1e3 * report.ttft_image_s, "from": labs["ttft_image"]})
     for task in sorted(report.accuracy):
         rows.append({"line": f"accuracy {task} (%)", "this run": 100.0 * report.accuracy[task],

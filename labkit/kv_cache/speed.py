@@ -7,11 +7,12 @@ labkit.course.timing.interleave so that ratios come from the same run. Seconds, 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
-from .._checks import check_int, check_positive_int, check_type
+from .._checks import check_int, check_positive_int, check_type, fail
+from ..course import evidence
 from ..tinylm import KVCache, corpus
 from .blocks import BlockManager, blocks_needed
 from .paged import PagedKVCache
@@ -51,11 +52,19 @@ def decode_runs(model, context: int = 256, steps: int = 32, block_size: int = 16
     return runs
 
 
-def timing_verdict(t: dict, conclusion: str, limit: float = 0.5) -> str:
-    """`conclusion` when every timing of `t` ({name: labkit.course.timing.Timing}, from one interleave) has a
-    spread below `limit`, else "unreliable on this run: ..." (notebook 05's timing cells print it)."""
+def timing_verdict(t: dict, conclusion: str, pairs: Sequence[tuple[str, str]]) -> str:
+    """`conclusion` when, for every (a, b) in `pairs`, the repeats of t[a] and t[b] ({name: Timing}, from one
+    timing.interleave) separate by the course's rule (labkit.course.evidence), else "unreliable on this run
+    (<why>)" (notebook 05's timing cells print it)."""
     check_type("t", t, dict, "a {name: Timing} dict from timing.interleave")
-    worst = max(x.spread for x in t.values())
-    if worst < limit:
-        return conclusion
-    return f"unreliable on this run: the machine was busy (spread {worst:.2f} >= {limit}), no conclusion"
+    check_type("pairs", pairs, (list, tuple), "a list of (name, name) pairs of t's names")
+    if not pairs:
+        fail("pairs", pairs, "at least one (name, name) pair")
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2 or any(n not in t for n in pair):
+            fail("pairs", pairs, f"(name, name) pairs of t's names {sorted(t)}")
+    for a, b in pairs:
+        c = evidence.compare(a, t[a], b, t[b], " s")
+        if not c.reliable:
+            return c.unreliable()
+    return conclusion

@@ -7,8 +7,10 @@ cores. So a sentence that concludes something from a measurement follows three r
      spread (slowest - fastest) / median says how steady the machine was while it measured;
   2. ratios from the same run: the things compared are timed in turns (timing.interleave), so a change
      in the machine's load hits all of them alike, and their ratio is the figure to headline;
-  3. no conclusion from an unreliable measurement: when a spread is wider than MAX_SPREAD, or a reference
-     kernel lands outside the band it must lie in, the verdict is UNRELIABLE, with the reason.
+  3. no conclusion from an unreliable measurement: a direction ("faster") only when the repeats separate
+     by the course's rule (labkit.course.evidence); a bandwidth or ceiling figure only when each spread is
+     below MAX_SPREAD and a reference kernel lands inside the band it must lie in; else UNRELIABLE, with
+     the reason.
 
 Each function returns a Verdict: `reliable`, the `ratio` it rests on, and the `text` to print (built from
 the numbers, never typed). Units: seconds (Timing), bytes, bytes/s, tokens/s.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .._checks import check_number, check_positive, check_type, fail
-from ..course import Timing
+from ..course import Timing, evidence
 
 UNRELIABLE = "unreliable on this run: re-run when the machine is quiet"
 MAX_SPREAD = 0.5  # (slowest - fastest) / median above this: something else used the machine meanwhile
@@ -73,10 +75,11 @@ def _unreliable(ratio: float, reasons: list[str]) -> Verdict:
     return Verdict(False, ratio, f"{UNRELIABLE} ({'; '.join(reasons)})")
 
 
-def speedup(timings: Mapping[str, Timing], fast: str, slow: str, max_spread: float = MAX_SPREAD) -> Verdict:
+def speedup(timings: Mapping[str, Timing], fast: str, slow: str) -> Verdict:
     """How many times faster `fast` runs than `slow`: the ratio of their medians (slow / fast), both from
-    `timings`, which should come from one timing.interleave run. Notebook 00 compares generation with and
-    without the KV cache this way."""
+    `timings`, which should come from one timing.interleave run. It states a direction only when the repeats
+    separate by the course's rule (labkit.course.evidence: no overlap, enough repeats); otherwise UNRELIABLE
+    with the reason. Notebook 00 compares generation with and without the KV cache this way."""
     timings = _timings(timings)
     for name, v in (("fast", fast), ("slow", slow)):
         if v not in timings:
@@ -84,12 +87,11 @@ def speedup(timings: Mapping[str, Timing], fast: str, slow: str, max_spread: flo
     if fast == slow:
         fail("slow", slow, f"a name other than fast ({fast!r})")
     pair = {fast: timings[fast], slow: timings[slow]}
-    ratio = pair[slow].median / pair[fast].median
-    reasons = unsteady(pair, max_spread)
-    if reasons:
-        return _unreliable(ratio, reasons)
-    how = f"{ratio:.1f}x as fast as" if ratio >= 1 else f"{1 / ratio:.1f}x slower than"
-    return Verdict(True, ratio, f"{fast} runs {how} {slow} ({_runs(pair)})")
+    c = evidence.compare(fast, pair[fast], slow, pair[slow], " s")
+    if not c.reliable:
+        return _unreliable(c.ratio, [c.reason])
+    how = f"{c.ratio:.1f}x as fast as" if c.ratio >= 1 else f"{1 / c.ratio:.1f}x slower than"
+    return Verdict(True, c.ratio, f"{fast} runs {how} {slow} ({_runs(pair)}, no overlap)")
 
 
 def against_roof(kernel: str, kernel_bytes: float, kernel_time: Timing, roof: str, roof_bytes: float,

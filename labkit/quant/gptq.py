@@ -19,6 +19,8 @@ linear layers (labkit.tinylm.iter_linears), keyed by their module path.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn as nn
 
@@ -74,7 +76,7 @@ def _check_settings(bits, group_size, scheme, damp) -> tuple[int, int | str, str
 @torch.no_grad()
 def collect_inputs(model: nn.Module, tokens: torch.Tensor, types: tuple[str, ...] = ("attention", "mlp")
                    ) -> dict[str, torch.Tensor]:
-    """{layer path: the inputs [n_tokens, in] (float32) that it sees when the model reads `tokens`
+    """{layer path: the inputs [n_tokens, in] (in the model's dtype) that it sees when the model reads `tokens`
     [batch, time] (int64)}, for every linear layer of TinyLM's table whose type is in `types`
     (attention, mlp, head; a tied lm_head is the embedding's matrix: ("head",) alone is refused there)."""
     types, tokens = _check_types(types), _check_tokens(tokens)
@@ -83,7 +85,7 @@ def collect_inputs(model: nn.Module, tokens: torch.Tensor, types: tuple[str, ...
     hooks = []
     for entry, module in layers:
         def hook(mod, args, out, path=entry.path):
-            seen.setdefault(path, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).float())
+            seen.setdefault(path, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).clone())
         hooks.append(module.register_forward_hook(hook))
     try:
         model(tokens)
@@ -109,12 +111,14 @@ def gptq_quantize(weight: torch.Tensor, x: torch.Tensor, bits: int = 4, group_si
     g = inp if group_size == "channel" else group_size
     if inp % g:
         raise ValueError(f"group_size {g} must divide the input dimension {inp} (weight is [{out}, {inp}])")
-    w = weight.detach().float().clone()
+    # float64 throughout: a float32 loop rounds differently on each CPU's kernels (AVX2, AVX-512, AMX), and a
+    # code one step away from a tie then flips, so each learner's machine would get other codes.
+    w = weight.detach().double().clone()
     h = x.double().T @ x.double() / x.shape[0]
     dead = h.diagonal() == 0  # inputs that are always 0: their weights do not matter
     h[dead, dead] = 1.0
     h += damp * h.diagonal().mean() * torch.eye(inp, dtype=h.dtype)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True).float()
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     codes = torch.empty(out, inp, dtype=torch.int8)
     scales, zeros = [], []
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
@@ -147,6 +151,7 @@ def gptq(model: nn.Module, tokens: torch.Tensor, bits: int = 4, group_size: int 
             raise TypeError(f"model's {entry.path} must be an nn.Linear, got {type(module).__name__}: "
                             f"GPTQ starts from the floating-point model")
     with torch_threads(threads, "threads"):
-        inputs = collect_inputs(model, tokens, types)
+        # the calibration forward in float64 too, for the same reason as gptq_quantize's loop
+        inputs = collect_inputs(copy.deepcopy(model).double(), tokens, types)
         return {entry.path: gptq_quantize(module.weight, inputs[entry.path], bits, group_size, scheme, damp)
                 for entry, module in layers}

@@ -21,6 +21,8 @@ gained + lost). A claimed retention is "reached" only if the whole interval is a
 
 from __future__ import annotations
 
+import copy
+
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -271,7 +273,8 @@ def gptq_vs_rtn(model: nn.Module, text, calibration, settings: Sequence[tuple[in
                 n_pieces: int = 4, threads: int | None = 1) -> dict[tuple[int | str, str], GptqComparison]:
     """{(group_size, scheme): GptqComparison} for each INT4 setting: GPTQ calibrated on `calibration` tokens
     [batch, time] (labkit.quant.gptq.gptq) against round-to-nearest, attention and MLP in INT4, measured on
-    `text` and on its `n_pieces` pieces (split_text). Notebook 03, section 7, and benchmarks/quant_quality.py."""
+    `text` and on its `n_pieces` pieces (split_text), every model evaluated in float64 (the figures then print
+    the same on any CPU). Notebook 03, section 7, and benchmarks/quant_quality.py."""
     if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence) or not settings:
         fail("settings", settings, "a non-empty sequence of (group_size, scheme) pairs", TypeError)
     for pair in settings:
@@ -280,12 +283,15 @@ def gptq_vs_rtn(model: nn.Module, text, calibration, settings: Sequence[tuple[in
         check_group_size(pair[0]), check_scheme(pair[1])
     pieces = split_text(text, n_pieces)
     out = {}
+    f64 = lambda m: copy.deepcopy(m).double()  # noqa: E731
+    # Every perplexity in float64: the differences are thousandths, which float32 kernels (AVX2, AVX-512, AMX)
+    # move in the fourth decimal, and notebook 03 prints them there.
     with torch_threads(threads, "threads"):
-        base = perplexity(model, text)
+        base = perplexity(f64(model), text)
         for group, scheme in settings:
             qts = gptq(model, calibration, 4, group, scheme, threads=None)
-            rtn = quantize_model(model, GPTQ_POLICY, group, scheme)[0]
-            calibrated = quantize_model(model, GPTQ_POLICY, group, scheme, qtensors=qts)[0]
+            rtn = f64(quantize_model(model, GPTQ_POLICY, group, scheme)[0])
+            calibrated = f64(quantize_model(model, GPTQ_POLICY, group, scheme, qtensors=qts)[0])
             paired = paired_difference([perplexity(calibrated, p) for p in pieces],
                                        [perplexity(rtn, p) for p in pieces])
             out[(group, scheme)] = GptqComparison(group, scheme, base, perplexity(rtn, text),

@@ -2,8 +2,9 @@
 labkit.memory_wall.verdicts (notebook 03, section 8; benchmarks/int4_matmul.py):
 
   - one method, named (speed.py), each figure the median of its rounds, ratios from the same run;
-  - "unreliable on this run: re-run when the machine is quiet" instead of a conclusion when a spread is
-    wider than MAX_SPREAD, when the FP32 reference reads outside ROOF_BAND of the roof measured with it on
+  - "unreliable on this run: re-run when the machine is quiet" instead of a conclusion when the repeats of
+    the two kernels do not separate (labkit.course.evidence), when a spread is wider than MAX_SPREAD (the
+    memory verdict), when the FP32 reference reads outside ROOF_BAND of the roof measured with it on
     as many threads, or when a kernel ran more than CONTENTION times slower on all threads than on one
     (another program held a core).
 
@@ -65,8 +66,8 @@ def all_threads(run: MatmulRun) -> Verdict:
     run = _run(run)
     pair = {f"{c} on {_threads(run)}": run.timings[c] for c in (INT4, FP32)}
     v = wall.speedup(pair, *pair)
-    reasons = wall.unsteady(pair) + contention(run)
-    return _unreliable(v.ratio, reasons) if reasons else v
+    reasons = contention(run)
+    return _unreliable(v.ratio, reasons) if v.reliable and reasons else v
 
 
 def memory_bound(run: MatmulRun) -> Verdict:

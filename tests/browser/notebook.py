@@ -37,6 +37,7 @@ class Findings:
     widgets: int = 0                                   # widget views rendered
     interactive: int = 0                               # interactive widgets (controls + output) found
     unchanged: list[str] = field(default_factory=list)  # interactive widgets whose output a control did not change
+    verdicts: list[str] = field(default_factory=list)  # the check cells' verdict lines ("[TODO] ...") in order
     seconds: float = 0.0
 
 
@@ -107,17 +108,22 @@ def _run_all(page, deadline: float) -> None:
             page.keyboard.press("Escape")
 
 
-def _saved_errors(page, lab: Lab, name: str, timeout_ms: float) -> list[str]:
-    """Save the notebook from the page and read its error outputs from the file JupyterLab wrote."""
+def _saved_notebook(page, lab: Lab, name: str, timeout_ms: float) -> dict:
+    """Save the notebook from the page and read the file JupyterLab wrote."""
     path = lab.root / name
     before = path.stat().st_mtime_ns
     page.keyboard.press("Control+s")
     deadline = time.monotonic() + timeout_ms / 1000
     while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
         page.wait_for_timeout(200)  # polling the file: the save is JupyterLab's, not the page's
-    nb = json.loads(path.read_text())
-    return [f"cell {i + 1}: {o['ename']}: {o['evalue']}" for i, c in enumerate(nb["cells"])
-            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return json.loads(path.read_text())
+
+
+def _verdicts(nb: dict) -> list[str]:
+    """The verdict lines that the notebook's check cells printed, in order."""
+    return [line for c in nb["cells"] if "check.exercise(" in "".join(c.get("source", ""))
+            for o in c.get("outputs", []) if o.get("output_type") == "stream"
+            for line in "".join(o["text"]).splitlines() if re.match(r"\[(PASS|FAIL|TODO)\]", line)]
 
 
 def run_notebook(browser, lab: Lab, name: str, screenshot: Path, timeout_s: float = 600,
@@ -149,7 +155,10 @@ def run_notebook(browser, lab: Lab, name: str, screenshot: Path, timeout_s: floa
         found.errors = [o["text"][-300:].strip() for o in outputs if re.search(TRACEBACK, o["text"])]
         found.errors += [f"a widget shown as text: {o['text'][:100]}" for o in outputs
                          if o["plain"] and re.match(r"\w+\(children=", o["text"])]
-        found.errors += _saved_errors(page, lab, name, ms)
+        saved = _saved_notebook(page, lab, name, ms)
+        found.errors += [f"cell {i + 1}: {o['ename']}: {o['evalue']}" for i, c in enumerate(saved["cells"])
+                         for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        found.verdicts = _verdicts(saved)
         boxes = page.query_selector_all(".jp-Notebook .widget-interact")
         found.interactive = len(boxes)
         for n, box in enumerate(boxes, 1):

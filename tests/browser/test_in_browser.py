@@ -10,7 +10,7 @@ import time
 import nbformat
 import pytest
 
-from labkit.course import classroom
+from labkit.course import classroom, labs
 
 from . import lab as browser_lab
 from .notebook import expected_interactive, run_notebook
@@ -77,4 +77,8 @@ def test_student_notebook_in_the_browser(session, path):
     expected = expected_interactive(json.loads(path.read_text()))
     assert found.interactive == expected, f"{where}: {found.interactive} interactive widgets, expected {expected}"
     assert not found.unchanged, f"{where}: {found.unchanged}"
+    # the handed-out notebook's checks all say "not written yet" (the grader's kind of check, on every lab)
+    exercises = labs.read_lab(path).exercises
+    assert [v.split()[0] for v in found.verdicts] == ["[TODO]"] * len(exercises) and exercises, \
+        f"{where}: verdicts {found.verdicts}, expected [TODO] for each of {list(exercises)}"
     assert shot.stat().st_size > 0

@@ -121,19 +121,22 @@ def test_without_a_compiler_the_eager_numbers_and_the_reason():
 
 
 def test_verdict_arithmetic():
-    eager, fast, slow = Timing((0.10, 0.11, 0.12)), Timing((0.05, 0.06, 0.055)), Timing((0.2, 0.21, 0.22))
+    eager, fast = Timing((0.10, 0.11, 0.12, 0.11)), Timing((0.05, 0.06, 0.055, 0.055))
+    slow = Timing((0.2, 0.21, 0.22, 0.21))
     ok, text = compile_verdict(eager, fast, compile_s=22.0, new_tokens=48)
     loops = 22.0 / (0.11 - 0.055)
     assert ok and text.startswith("compiled is 2.00x faster per token after 22 s of compiling")
     assert f"{loops * 48:,.0f} generated tokens" in text
     ok, text = compile_verdict(eager, slow, compile_s=22.0, new_tokens=48)
     assert ok and "never pays off" in text and "0.52x" in text
-    ok, text = compile_verdict(eager, Timing((0.09, 0.115, 0.2)), compile_s=22.0, new_tokens=48)
-    assert not ok and text.startswith("unreliable on this run")
-    near = Timing((0.100, 0.101, 0.102)), Timing((0.097, 0.098, 0.0985))  # 1.03x: one decimal would say 1.0x
+    ok, text = compile_verdict(eager, Timing((0.09, 0.115, 0.2, 0.1)), compile_s=22.0, new_tokens=48)
+    assert not ok and text.startswith("unreliable on this run (the repeats of eager") and "overlap" in text
+    near = Timing((0.100, 0.101, 0.102, 0.101)), Timing((0.097, 0.098, 0.0985, 0.098))  # 1.03x, not "1.0x"
     assert "1.03x faster" in compile_verdict(*near, compile_s=1.0, new_tokens=4)[1]
-    for one, other in ((Timing((0.10,)), Timing((0.05,))), (eager, Timing((0.05, 0.06)))):  # clear, but 1 or 2
-        assert compile_verdict(one, other, 1.0, 4) == (False, "unreliable on this run (fewer than 3 repeats)")
+    three = Timing((0.10, 0.11, 0.12)), Timing((0.05, 0.06, 0.055))  # clear, but 3 repeats: 10% by chance
+    for one, other in ((Timing((0.10,)), Timing((0.05,))), three):
+        ok, text = compile_verdict(one, other, 1.0, 4)
+        assert not ok and text.startswith("unreliable on this run (") and "repeats: two equal things" in text
 
 
 @needs_compiler

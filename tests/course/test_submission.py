@@ -43,11 +43,11 @@ def test_network_is_off_and_a_slow_notebook_stops_at_its_time_limit(course):
     nb = mc.insert_cell(nb, 2, "import time\ntime.sleep(120)")
     lab = labs.read_lab(course / "00_mini.ipynb")
     start = time.monotonic()
-    result = submission.grade_notebook(nb, lab, cell_timeout=300, timeout=25)
-    assert time.monotonic() - start < 60
+    result = submission.grade_notebook(nb, lab, cell_timeout=300, timeout=15)
+    assert time.monotonic() - start < 45
     assert not any("cell 2 raised" in note for note in result.notes), result.notes  # the network cell passed
     assert any(p.startswith("cell 3 timed out after") for p in result.problems), result.problems
-    assert "the notebook's time limit (25 s) ran out before cell 5" in result.problems
+    assert "the notebook's time limit (15 s) ran out before cell 5" in result.problems
     assert {ex: v.status for ex, v in result.verdicts.items()} == {mc.SQUARE: "ERROR", mc.ADD: "ERROR"}
     assert result.verdicts[mc.SQUARE].message.startswith("not graded: the notebook's time limit")
 

@@ -50,7 +50,17 @@ def test_every_row_names_its_lab_and_ranks_are_rows():
     assert len(report_rows(replace(make(), planned_bytes=[5], measured_bytes=[6]))) == len(rows) - 2
 
 
+def test_an_unreliable_comparison_never_reaches_the_report_as_a_figure():
+    rows = {r["line"]: r for r in report_rows(make(ttft_image_repeat_s=0.05, load_reliable=False,
+                                                   ttft_image_repeat_reliable=False))}
+    assert rows["load speed-up, serial/threaded (x)"]["this run"] == "unreliable on this run"
+    assert rows["TTFT same image again (ms)"]["this run"] == "unreliable on this run"
+    text = day0_report(make(load_reliable=False))
+    assert f"{0.4321 / 0.2109:.3g}" not in text and "unreliable on this run" in text
+
+
 def test_bad_inputs_are_refused_by_name():
+    assert_refused(lambda: make(load_reliable=1), TypeError, "load_reliable", 1, "True or False")
     assert_refused(lambda: make(planned_bytes=[1, -2]), ValueError, "planned_bytes[1]", -2, "positive int")
     assert_refused(lambda: make(measured_bytes=[1.5, 2]), TypeError, "measured_bytes[0]", 1.5, "positive int")
     assert_refused(lambda: make(measured_bytes=[1]), ValueError, "measured_bytes", [1], "one entry per rank")

@@ -28,10 +28,17 @@ def test_bad_input_is_refused(pretrained):
     assert_refused(lambda: speed.decode_runs(model, context=16, steps=16), ValueError, "steps", 16, "[1, 15]")
 
 
-def test_the_timing_verdict_is_unreliable_when_any_spread_is_large():
+def test_the_timing_verdict_concludes_only_when_every_pair_separates():
     from labkit.course.timing import Timing
-    steady, busy = Timing((1.0, 1.1, 1.05)), Timing((1.0, 2.0, 1.2))  # spreads 0.1 and 0.83
-    assert speed.timing_verdict({"a": steady, "b": steady}, "fine") == "fine"
-    assert speed.timing_verdict({"a": steady, "b": busy}, "fine").startswith("unreliable on this run")
-    assert speed.timing_verdict({"a": busy}, "fine", limit=1.0) == "fine"
-    assert_refused(lambda: speed.timing_verdict([steady], "x"), TypeError, "t", [steady], "a {name: Timing} dict")
+    fast, slow = Timing((1.0, 1.1, 1.05, 1.02)), Timing((1.5, 1.6, 1.55, 1.7))
+    mixed = Timing((1.0, 1.6, 1.2, 1.3))  # overlaps both
+    assert speed.timing_verdict({"a": fast, "b": slow}, "fine", [("a", "b")]) == "fine"
+    assert speed.timing_verdict({"a": fast, "b": slow, "c": mixed}, "fine", [("a", "b"), ("a", "c")]).startswith(
+        "unreliable on this run (the repeats of a (1-1.1 s) and c (1-1.6 s) overlap")
+    short = {"a": Timing((1.0, 1.1, 1.05)), "b": Timing((1.5, 1.6, 1.55))}
+    assert "3 and 3 repeats" in speed.timing_verdict(short, "fine", [("a", "b")])
+    assert_refused(lambda: speed.timing_verdict([fast], "x", [("a", "b")]), TypeError, "t", [fast],
+                   "a {name: Timing} dict")
+    assert_refused(lambda: speed.timing_verdict({"a": fast}, "x", [("a", "z")]), ValueError, "pairs", [("a", "z")],
+                   "pairs of t's names")
+    assert_refused(lambda: speed.timing_verdict({"a": fast}, "x", []), ValueError, "pairs", [], "at least one")

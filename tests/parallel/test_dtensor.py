@@ -21,7 +21,9 @@ def test_dtensor_agrees_with_the_course(tinylm, pool2):
         ref = tinylm(tokens)
     lib = dtensor.dtensor_logits(tinylm, tokens, 2, pool=pool2)
     ours = tensor.tensor_parallel_logits(tinylm, tokens, 2, pool=pool2)
-    assert (lib - ref).abs().max() < 1e-4 and (lib - ours).abs().max() < 1e-5
+    # the same sharded sums in another order: logits near 30 differ by float32 ulps (1.9e-6 each); AVX2 on one
+    # thread measured 1.7e-5 between the two, 2.9e-5 against the unsharded model
+    assert (lib - ref).abs().max() < 1e-4 and (lib - ours).abs().max() < 5e-5
 
 
 def test_refusals_are_the_same(tinylm):

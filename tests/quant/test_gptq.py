@@ -68,7 +68,7 @@ def paper_gptq(weight: torch.Tensor, x: torch.Tensor, bits: int, group, scheme: 
                                                  (4, 32, "asym"), (2, 8, "asym"), (8, 16, "sym")])
 def test_matches_the_papers_algorithm_column_by_column(seed, bits, group, scheme):
     # correlated inputs (so that the error feedback and the damping matter) on a small matrix: the same codes,
-    # scales and zero points as the float64 transcription of Algorithm 1 (labkit computes in float32)
+    # scales and zero points as the float64 transcription of Algorithm 1 (both in float64)
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(8, 64, generator=gen) * 0.1
     x = torch.randn(256, 64, generator=gen) @ (torch.randn(64, 64, generator=gen) / 8 + 0.5 * torch.eye(64))

@@ -77,15 +77,17 @@ def test_a_quiet_run_concludes_from_its_own_medians():
 def test_a_busy_run_keeps_the_steady_headline_and_drops_the_rest():
     v = verdicts.speed_verdicts(recorded(BUSY))
     assert v["headline"].reliable and v["headline"].text.startswith("INT4 on 1 thread runs 5.9x as fast")
-    assert v["all threads"].text == f"{UNRELIABLE} (INT4 on 2 threads: spread 2797% > 50%)"
+    assert v["all threads"].text.startswith(f"{UNRELIABLE} (the repeats of INT4 on 2 threads (0.00223-0.0671 s) "
+                                            "and FP32 on 2 threads (0.0214-0.0234 s) overlap")
     assert v["memory"].text == f"{UNRELIABLE} (roof on 1 thread: spread 65% > 50%)"
 
 
-def test_a_spoiled_run_concludes_nothing():
+def test_a_spoiled_run_keeps_only_the_direction_its_repeats_separate():
     v = verdicts.speed_verdicts(recorded(SPOILED))
-    assert not any(x.reliable for x in v.values())
-    assert all(x.text.startswith(UNRELIABLE) for x in v.values())
-    assert "INT4 took 2.71 ms on 2 threads, 2.7x its 0.99 ms on 1: another program held a core" in v["all threads"].text
+    # every one of the 9 rounds had INT4 on 1 thread faster (4.3-15.6 ms against 26-91 ms): the direction holds
+    assert v["headline"].reliable and v["headline"].text.startswith("INT4 on 1 thread runs 8.2x as fast")
+    assert not v["all threads"].reliable and "overlap" in v["all threads"].text
+    assert not v["memory"].reliable and v["memory"].text.startswith(UNRELIABLE)
 
 
 def test_a_steady_run_with_a_core_taken_does_not_say_int4_is_slower():
@@ -110,7 +112,7 @@ def test_no_recorded_run_says_int4_is_slower_than_fp32(name):
     v = verdicts.speed_verdicts(recorded(RUNS[name]))
     for key in ("headline", "all threads"):
         assert not v[key].reliable or (v[key].ratio > 1 and "slower" not in v[key].text), v[key].text
-    assert v["headline"].reliable == (name in ("quiet", "busy", "browser", "roof_high"))
+    assert v["headline"].reliable  # in every recorded run, INT4 on 1 thread won every round
 
 
 @pytest.mark.parametrize("int4_ms, words", [(2.5, "memory-bound, like FP32"),

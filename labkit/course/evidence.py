@@ -1,0 +1,118 @@
+"""The course's one rule for stating a direction from measurements ("faster", "saves memory", "ranks first").
+Every lab's verdicts use it (labkit.memory_wall.verdicts, labkit.kv_cache.speed, labkit.cluster.compiled,
+notebooks 04 and 07), and so do the benchmarks.
+
+A timing on a shared 2-core laptop moves by 20% between runs and by far more while another program runs.
+Two medians that differ by less than that noise say nothing about which thing is faster, so:
+
+    a and b, two sets of repeats of one measurement (seconds, bytes, tokens/s), separate when
+      1. they do not overlap: max(a) < min(b) or max(b) < min(a), and
+      2. they have enough repeats that two *equal* things would rarely fail to overlap by chance:
+         with n and m repeats of one distribution, the chance that all of one set lies below all of the
+         other, in either order, is 2 / C(n + m, n) (every ordering of the n + m values is equally likely);
+         the rule allows at most FALSE_DIRECTION = 5%.
+
+    repeats (n = m)        3       4       5       7
+    false-direction risk   10%     2.9%    0.79%   0.058%
+
+So 3 repeats each never suffice, 4 each are the least that do. Only a separated pair states its direction;
+anything else reads "unreliable on this run" with the reason, and a later verdict or report never takes a
+figure from an unreliable comparison (check `reliable`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from .._checks import check_int, check_type, fail
+from .timing import Timing
+
+UNRELIABLE = "unreliable on this run"
+FALSE_DIRECTION = 0.05  # the largest chance, for two equal things, of repeats that do not overlap
+
+
+def false_direction_chance(n: int, m: int) -> float:
+    """The chance that n and m repeats of one and the same distribution do not overlap (either order):
+    2 / C(n + m, n). The rule asks for at most FALSE_DIRECTION."""
+    check_int("n", n, 1)
+    check_int("m", m, 1)
+    return min(1.0, 2 / math.comb(n + m, n))
+
+
+MIN_REPEATS = next(n for n in range(1, 100) if false_direction_chance(n, n) <= FALSE_DIRECTION)
+"""The fewest repeats per side that can state a direction (4)."""
+
+
+def samples(name: str, values) -> tuple[float, ...]:
+    """The repeats of a Timing (its seconds) or of a sequence of finite numbers, as a tuple of floats."""
+    if isinstance(values, Timing):
+        values = values.times
+    check_type(name, values, (list, tuple), "a Timing or a list of repeated measurements")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            fail(name, values, "repeated measurements that are all finite numbers")
+        out.append(float(v))
+    if not out:
+        fail(name, values, "at least one repeated measurement")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two named sets of repeats under the rule of this module. `ratio` = median(b) / median(a);
+    `reliable` says whether the sets separate; `reason` says why not ("" when they do)."""
+    a: str
+    b: str
+    ratio: float
+    reliable: bool
+    reason: str
+
+    @property
+    def higher(self) -> str | None:
+        """The name whose repeats all lie above the other's, None when unreliable."""
+        if not self.reliable:
+            return None
+        return self.b if self.ratio > 1 else self.a
+
+    @property
+    def lower(self) -> str | None:
+        """The name whose repeats all lie below the other's, None when unreliable."""
+        if not self.reliable:
+            return None
+        return self.a if self.ratio > 1 else self.b
+
+    def unreliable(self) -> str:
+        """'unreliable on this run (<reason>)'."""
+        return f"{UNRELIABLE} ({self.reason})"
+
+
+def _span(x: tuple[float, ...], unit: str) -> str:
+    lo, hi = min(x), max(x)
+    return f"{lo:.3g}-{hi:.3g}{unit}" if lo != hi else f"{lo:.3g}{unit}"
+
+
+def compare(a_name: str, a, b_name: str, b, unit: str = "") -> Comparison:
+    """Compare the repeats `a` and `b` (Timings or lists of numbers, e.g. seconds or bytes) by the rule of this
+    module. `unit` ("s", " B") only labels the ranges in the reason."""
+    check_type("a_name", a_name, str)
+    check_type("b_name", b_name, str)
+    check_type("unit", unit, str)
+    if a_name == b_name:
+        fail("b_name", b_name, f"a name other than a_name ({a_name!r})")
+    xa, xb = samples("a", a), samples("b", b)
+    ma, mb = statistics.median(xa), statistics.median(xb)
+    ratio = mb / ma if ma else (math.inf if mb else 1.0)
+    risk = false_direction_chance(len(xa), len(xb))
+    if risk > FALSE_DIRECTION:
+        reason = (f"{len(xa)} and {len(xb)} repeats: two equal things fail to overlap {risk:.0%} of the time, "
+                  f"the rule allows {FALSE_DIRECTION:.0%}")
+    elif max(xa) >= min(xb) and max(xb) >= min(xa):
+        reason = (f"the repeats of {a_name} ({_span(xa, unit)}) and {b_name} ({_span(xb, unit)}) overlap: "
+                  "the difference is within this run's noise")
+    else:
+        reason = ""
+    return Comparison(a_name, b_name, ratio, not reason, reason)
