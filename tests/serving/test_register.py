@@ -138,8 +138,17 @@ def garbage_server(reply: bytes) -> tuple[socket.socket, int]:
             except OSError:
                 return
             with c:
-                c.recv(65536)
-                c.sendall(reply)
+                c.settimeout(2)
+                try:
+                    c.recv(65536)
+                    c.sendall(reply)
+                    # the end of the reply (FIN), then drain until the client closes: closing with unread request
+                    # bytes would send a reset, and the client would see ConnectionResetError instead of `reply`
+                    c.shutdown(socket.SHUT_WR)
+                    while c.recv(65536):
+                        pass
+                except OSError:
+                    pass
     threading.Thread(target=loop, daemon=True).start()
     return s, s.getsockname()[1]
 
