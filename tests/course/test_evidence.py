@@ -1,9 +1,9 @@
-"""The course's rule for stating a direction, on recorded quiet, noisy and borderline runs, against a
-simulation of the false-direction risk it promises, and with hypothesis for its symmetries.
+"""The course's rule for stating a direction, on quiet, noisy and borderline runs, against a simulation of the
+false-direction risk it promises, and with hypothesis for its symmetries.
 
-The recorded runs are milliseconds from the course's 2-core machine (2026-12-01): TinyLM's generate with and
-without the KV cache (notebook 00), image time-to-first-token new and repeated (notebook 07), and lab 07's
-peak memory loading slices against whole tensors (bytes)."""
+The runs are shaped like the course's own (milliseconds or bytes with the medians and spreads that notebooks 00
+and 07 stored): TinyLM's generate with and without the KV cache, image time-to-first-token new and repeated,
+and lab 07's peak memory loading slices against whole tensors."""
 import math
 import random
 
@@ -20,9 +20,9 @@ def ms(*values) -> Timing:
 
 
 QUIET = (ms(41, 42, 41, 43, 42), ms(246, 250, 248, 247, 251))
-# notebook 07, 7 repeats each: "repeated" had the slower median but its repeats overlap "new"'s
+# notebook 07's shape, 7 repeats each: "repeated" has the slower median but its repeats overlap "new"'s
 IMAGE_TTFT = (ms(56.1, 61.0, 72.0, 58.3, 77.5, 64.2, 59.9), ms(63.5, 75.3, 72.9, 68.2, 80.1, 71.4, 79.0))
-# lab 07's peak memory, 3 fresh processes each: slices / whole = 0.84 by the medians, and 3 repeats
+# lab 07's peak memory, 3 fresh processes each (what the notebook measured before): 3 repeats
 SLICES_3 = ([3.05e6, 2.95e6, 3.12e6], [3.62e6, 3.49e6, 3.71e6])
 # the same with 5 each: separate
 SLICES_5 = ([3.05e6, 2.95e6, 3.12e6, 3.01e6, 2.99e6], [3.62e6, 3.49e6, 3.71e6, 3.55e6, 3.60e6])
