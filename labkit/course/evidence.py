@@ -46,7 +46,7 @@ MIN_REPEATS = next(n for n in range(1, 100) if false_direction_chance(n, n) <= F
 """The fewest repeats per side that can state a direction (4)."""
 
 
-def samples(name: str, values) -> tuple[float, ...]:
+def _samples(name: str, values) -> tuple[float, ...]:
     """The repeats of a Timing (its seconds) or of a sequence of finite numbers, as a tuple of floats."""
     if isinstance(values, Timing):
         values = values.times
@@ -103,7 +103,7 @@ def compare(a_name: str, a, b_name: str, b, unit: str = "") -> Comparison:
     check_type("unit", unit, str)
     if a_name == b_name:
         fail("b_name", b_name, f"a name other than a_name ({a_name!r})")
-    xa, xb = samples("a", a), samples("b", b)
+    xa, xb = _samples("a", a), _samples("b", b)
     ma, mb = statistics.median(xa), statistics.median(xb)
     ratio = mb / ma if ma else (math.inf if mb else 1.0)
     risk = false_direction_chance(len(xa), len(xb))

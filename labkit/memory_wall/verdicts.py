@@ -24,7 +24,7 @@ from typing import Mapping
 from .._checks import check_number, check_positive, check_type, fail
 from ..course import Timing, evidence
 
-UNRELIABLE = "unreliable on this run: re-run when the machine is quiet"
+UNRELIABLE = f"{evidence.UNRELIABLE}: re-run when the machine is quiet"
 MAX_SPREAD = 0.5  # (slowest - fastest) / median above this: something else used the machine meanwhile
 ROOF_BAND = (0.4, 1.25)  # a memory-bound kernel reads at 40%-125% of the measured roof, or the roof is wrong
 AT_ROOF = 0.8            # from 80% of the roof on, a kernel "runs at the memory bandwidth"
