@@ -19,16 +19,11 @@ import statistics
 import threading
 import time
 
+from labkit.cluster.explore import cpu_seconds
 from labkit.cluster.launch import Cluster
 from labkit.cluster.load import prefix_counts, prefix_hit_rate, run_load, shared_prefix_trace
 
 SCALING_GOAL = 1.5
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pids(cluster: Cluster) -> list[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 
@@ -21,9 +22,29 @@ def _show(value: Any, limit: int = 120) -> str:
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A refusal as data (the error's `refusal` attribute): the argument's name, what was expected and the bad
+    value as shown. The HTTP service names the request's field from it (labkit.serving.protocol.refusal)."""
+    name: str
+    expected: str
+    got: str
+
+    def message(self, name: str | None = None) -> str:
+        """The one message format, optionally under another name (a chat request's "messages")."""
+        return f"{name or self.name} must be {self.expected}, got {self.got}"
+
+
 def fail(name: str, value: Any, expected: str, error: type[Exception] = ValueError) -> None:
-    """Raise `error` with the one message format: '<name> must be <expected>, got <value>'."""
-    raise error(f"{name} must be {expected}, got {_show(value)}")
+    """Raise `error` with the one message format: '<name> must be <expected>, got <value>'; the parts ride
+    along as `error.refusal` (a Refusal)."""
+    _refuse(Refusal(name, expected, _show(value)), error)
+
+
+def _refuse(refusal: Refusal, error: type[Exception]) -> None:
+    exc = error(refusal.message())
+    exc.refusal = refusal
+    raise exc
 
 
 def is_int(value: Any) -> bool:
@@ -126,5 +147,5 @@ def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str 
     """An instance of `types` (TypeError otherwise); `what` names it in the message ("a TinyLM")."""
     if not isinstance(value, types):
         names = what or " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
-        raise TypeError(f"{name} must be {names}, got {type(value).__name__} {_show(value, 60)}")
+        _refuse(Refusal(name, names, f"{type(value).__name__} {_show(value, 60)}"), TypeError)
     return value

@@ -88,3 +88,18 @@ def test_an_int_beyond_the_range_of_a_float_is_a_value_error_not_an_overflow():
     for check in (lambda v: c.check_number("x", v), lambda v: c.check_positive("x", v)):
         with pytest.raises(ValueError, match=r"^x must be a .*finite number"):
             check(10**400)
+
+
+def test_a_refusal_carries_its_parts_as_data_through_pickle():
+    """The HTTP service names a request's field from error.refusal, never from the message text; the data
+    survives pickling (errors cross from tensor-parallel ranks and replica processes)."""
+    import pickle
+
+    from labkit._checks import Refusal
+    with pytest.raises(ValueError) as info:
+        c.fail("prompt", [1] * 3, "at most 2 tokens")
+    assert info.value.refusal == Refusal("prompt", "at most 2 tokens", "[1, 1, 1]")
+    assert str(info.value) == info.value.refusal.message() == "prompt must be at most 2 tokens, got [1, 1, 1]"
+    assert info.value.refusal.message("messages") == "messages must be at most 2 tokens, got [1, 1, 1]"
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is ValueError and again.refusal == info.value.refusal

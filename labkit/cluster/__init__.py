@@ -16,6 +16,8 @@ health and failover.
     launch     start_router, start_replica, Cluster: a router and N replicas as processes, always stopped
     load       shared_prefix_trace, run_load (the real openai client, every request accounted for),
                prefix_hit_rate from the replicas' /metrics
+    drills     the notebook's runs, one call each: answer, policy_run (a fresh cluster per policy),
+               kill_under_load / hang_under_load (a replica SIGKILLed / SIGSTOPped under load, with its report)
     scale      at scale on paper: replicas of which layout serve a rate of the 3T model within TTFT / TPOT
                targets (lab 04's cost model, a prefill queue), router_limit
     explore    the notebook's figures and the rendezvous widget;  exercises   LIVENESS, PREFIX_AFFINITY
@@ -23,8 +25,8 @@ health and failover.
 The replica's side of discovery (register when healthy, heartbeat, deregister) is labkit.serving.register.
 """
 
-from . import (buffers, compiled, counters, exercises, explore, forward, graph, launch, load, policies, registry,
-               router, scale)
+from . import (buffers, compiled, counters, drills, exercises, explore, forward, graph, launch, load, policies,
+               registry, router, scale)
 from .buffers import Buffer, BufferPlan, allocator_peak, check_plan, liveness, measured_peak, peak_live, plan_buffers
 from .compiled import CompileReport, compare_compile, compile_verdict, compiler_available, inductor_kernels
 from .graph import Decode, FusionGroup, capture_decode, check_inputs, fused_kernels, fusion_groups, op_table
@@ -35,11 +37,11 @@ from .registry import Event, Registry, RegistryError, Replica
 from .router import Router, make_router_app
 from .scale import ReplicaPlan, ScalePlan, replica_options, replicas_for, replicas_needed, router_limit
 
-__all__ = ["buffers", "compiled", "counters", "exercises", "explore", "forward", "graph", "launch", "load", "policies",
-           "registry", "router", "scale", "Buffer", "BufferPlan", "allocator_peak", "check_plan", "liveness",
-           "measured_peak", "peak_live", "plan_buffers", "CompileReport", "compare_compile", "compile_verdict",
-           "compiler_available", "inductor_kernels", "Decode", "FusionGroup", "capture_decode", "check_inputs",
-           "fused_kernels", "fusion_groups", "op_table", "Cluster", "RouterProcess", "start_replica",
+__all__ = ["buffers", "compiled", "counters", "drills", "exercises", "explore", "forward", "graph", "launch", "load",
+           "policies", "registry", "router", "scale", "Buffer", "BufferPlan", "allocator_peak", "check_plan",
+           "liveness", "measured_peak", "peak_live", "plan_buffers", "CompileReport", "compare_compile",
+           "compile_verdict", "compiler_available", "inductor_kernels", "Decode", "FusionGroup", "capture_decode",
+           "check_inputs", "fused_kernels", "fusion_groups", "op_table", "Cluster", "RouterProcess", "start_replica",
            "start_router", "LoadResult", "Record", "prefix_counts", "prefix_hit_rate", "run_load",
            "shared_prefix_trace", "POLICIES", "Policy", "make_policy", "prefix_key", "rendezvous", "Event",
            "Registry", "RegistryError", "Replica", "Router", "make_router_app", "ReplicaPlan", "ScalePlan",

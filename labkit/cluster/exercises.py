@@ -17,7 +17,8 @@ An op list is the decode graph with everything but the buffers left out, in prog
 
     live_intervals(ops, outputs) == {"pow": (0, 1), "mean": (1, 2), "rsqrt": (2, 3), "mul": (3, 5), "mm": (5, 6)}
 
-The PREFIX_AFFINITY reference is the router's own labkit.cluster.policies.rendezvous; LIVENESS's is written here
+The PREFIX_AFFINITY reference is the router's own labkit.cluster.policies.rendezvous (a wrong owner prints
+RENDEZVOUS_HINT, what string the weight hashes, before the [FAIL] line); LIVENESS's is written here
 (labkit.cluster.buffers.liveness does the same on a torch.fx graph, where tests/cluster/test_exercises.py checks
 they agree), and both are checked against brute-force references in that test file.
 """
@@ -98,7 +99,21 @@ def random_rendezvous_case(rng: Rng) -> tuple[str, list[str]]:
     return key, ids
 
 
-PREFIX_AFFINITY = Exercise("rendezvous", rendezvous, cases=[
+RENDEZVOUS_HINT = ("[hint] each replica's weight for a key hashes one string: the replica's id, then '|', then "
+                   "the key, encoded as UTF-8, with hashlib.blake2b at its default size; the weight is the digest's "
+                   "first 8 bytes as a big-endian int. Check that string and the rule that picks the owner.")
+
+
+def same_owner(got, expected) -> bool:
+    """The PREFIX_AFFINITY comparison: equal ids; on a difference it prints RENDEZVOUS_HINT (what is hashed), just
+    before the check's [FAIL] line names the case."""
+    if got == expected:
+        return True
+    print(RENDEZVOUS_HINT)
+    return False
+
+
+PREFIX_AFFINITY = Exercise("rendezvous", rendezvous, compare=same_owner, cases=[
     ("The cat sat on the mat", ["replica-1", "replica-2", "replica-3"]),
     ("The cat sat on the mat", ["replica-1", "replica-3"]),           # without replica-2
     ("The cat sat on the mat", ["replica-3", "replica-1", "replica-2"]),  # the order of ids does not matter

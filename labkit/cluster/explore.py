@@ -1,9 +1,9 @@
 """Notebook 08's pictures, tables and drivers: the buffer arena of the decode graph (offset against time, with and
-without reuse), the router's registry events as a table, the routing policies side by side, the failover run's
-requests on a time line, a process's CPU seconds and the router's cost per request and per chunk fitted from
-them, and the rendezvous assignment of prompt prefixes to replicas (a widget with a static fallback: what moves
-when one replica leaves). Each plot has a function returning the plain data it draws, for the notebook's
-asserts.
+without reuse), torch.compile's report as table rows, the router's registry events as a table, the routing
+policies side by side, the failover run's requests on a time line, a process's CPU seconds and the router's
+cost per request and per chunk fitted from them, and the rendezvous assignment of prompt prefixes to replicas
+(a widget with a static fallback: what moves when one replica leaves). Each plot has a function returning the
+plain data it draws, for the notebook's asserts.
 
     arena   offset ^  [#mm####]      [#mm_1###]        one rectangle per activation buffer,
                    |  [pow][mean][mul###]              from the op that makes it to the last op that reads it
@@ -78,6 +78,26 @@ def plot_arena(buffers, plan):
         ax.text(end, plan.arena_bytes / 1e3, "planned arena ", fontsize=7, va="bottom", ha="right")
     fig.tight_layout()
     return fig
+
+
+# --- 1b. torch.compile against eager ---------------------------------------------------------------------------
+
+
+def compile_rows(report) -> list[dict]:
+    """A labkit.cluster.compiled.CompileReport as two table rows, eager and torch.compile: tokens/s, the repeats'
+    spread, compile s, kernels, graphs (breaks) and the largest logit difference; "-" where there is no figure
+    (no C++ compiler: every compiled field is None)."""
+    def shown(v, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    ran = report.compiled_tokens_per_s is not None
+    return [{"": "eager", "tokens/s": shown(report.eager_tokens_per_s, ".0f"), "spread": f"{report.eager_spread:.0%}",
+             "compile s": "-", "kernels": "-", "graphs": "-", "max |logit diff|": "-"},
+            {"": "torch.compile", "tokens/s": shown(report.compiled_tokens_per_s, ".0f"),
+             "spread": shown(report.compiled_spread, ".0%"), "compile s": shown(report.compile_s, ".1f"),
+             "kernels": shown(report.kernels, "d"),
+             "graphs": f"{report.graphs} ({report.graph_breaks} breaks)" if ran else "-",
+             "max |logit diff|": shown(report.max_abs_diff, ".1e")}]
 
 
 # --- 2. registration ------------------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ sections 3 and 4; labkit.cluster.router decides where it goes and when to try ag
               router cancels it when the registry removes the replica (cancel(why): the reader gets a Failure
               at once) and closes it when the client leaves (close(): the upstream connection is dropped, so
               the replica's server sees the disconnect and aborts the request).
-    Ticket    one client request's outcome, recorded exactly once: "answered", "failed" or "refused". The
-              router's counters add up because every request holds one ticket from its first byte to its last:
-              requests == answered + failed + refused + in_flight (in_flight counted, not derived).
+    Ticket    one client request's outcome, recorded exactly once: "answered", "failed" or "refused" (through
+              the router's count(), the only writer of its counters). They add up because every request holds
+              one ticket from its first byte to its last: requests == answered + failed + refused + in_flight
+              (in_flight counted, not derived).
     SSEBuffer cuts the replica's byte stream at event boundaries ("\\n\\n"), so the router forwards whole events
               and, when the replica breaks mid-event, drops the half event before its in-band error.
     forward   the retry loop: choose, attempt, and on a failure before the first byte choose again.
@@ -97,13 +98,13 @@ class Attempt:
 
 
 class Ticket:
-    """One request's outcome in `counters` (a dict with "requests", "in_flight" and each of OUTCOMES): counted as
-    a request in flight at creation, resolved once (in_flight - 1, the outcome + 1). Each change is one
-    dict.update, so a snapshot taken from another thread (dict(counters)) always adds up. `detail` keeps why."""
+    """One request's outcome, reported through `count` (Router.count: count(name=delta, ...) changes the
+    router's counters in one step): counted as a request in flight at creation, resolved once (in_flight - 1,
+    the outcome + 1), so a snapshot taken from another thread always adds up. `detail` keeps why."""
 
-    def __init__(self, counters: dict):
-        self.counters, self.outcome, self.detail = counters, None, ""
-        counters.update(requests=counters["requests"] + 1, in_flight=counters["in_flight"] + 1)
+    def __init__(self, count: Callable[..., None]):
+        self.count, self.outcome, self.detail = count, None, ""
+        count(requests=1, in_flight=1)
 
     def resolve(self, outcome: str, detail: str = "") -> bool:
         """Record `outcome` (one of OUTCOMES) if none was recorded yet; True when this call recorded it."""
@@ -112,7 +113,7 @@ class Ticket:
         if self.outcome is not None:
             return False
         self.outcome, self.detail = outcome, detail
-        self.counters.update({outcome: self.counters[outcome] + 1, "in_flight": self.counters["in_flight"] - 1})
+        self.count(**{outcome: 1, "in_flight": -1})
         return True
 
 
@@ -169,7 +170,7 @@ async def forward(router, request, path: str, content: bytes, body: dict, model:
             break
         replica = router.policy.choose(candidates, body)
         if tried:
-            router.counters["retried"] += 1
+            router.count(retried=1)
         tried.append(replica.id)
         attempt, result = router.open(replica, path, content), None
         try:
@@ -252,13 +253,13 @@ class _Forwarded(StreamingResponse):
         if failure is None:
             self.attempt.close()
             if self.buffer.error:
-                self.router.counters["inband_errors"] += 1
+                self.router.count(inband_errors=1)
                 self.ticket.resolve("failed", "the replica's own in-band error")
             self.ticket.resolve("answered")
             return
         if failure.connection:
             self.router.connection_failed(self.attempt.replica_id, failure.message)
-        self.router.counters["inband_errors"] += 1
+        self.router.count(inband_errors=1)
         self.ticket.resolve("failed", failure.message)
         error = protocol.APIError(502, f"{self.attempt.replica_id} failed mid-stream: {failure.message}",
                                   type="server_error", code="replica_failed")

@@ -4,7 +4,7 @@ the tests and benchmarks/cluster_router.py use it too).
     with Cluster(3, policy="prefix_affinity") as cluster:     # a router, then 3 replicas that register with it
         client = openai.OpenAI(base_url=cluster.url, api_key="any", max_retries=0)
         cluster.kill(0)                                       # SIGKILL: a replica that dies
-        cluster.router.wait_for(2, timeout=5)                 # ... removed after the heartbeat timeout
+        cluster.router.wait_for_event("removed", replica="replica-1")  # ... after the heartbeat timeout
         cluster.restart(0)                                    # a new process, a new port: it joins again
         cluster.pause(1); cluster.resume(1)                   # SIGSTOP / SIGCONT: a replica that hangs, then wakes
 
@@ -29,7 +29,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
-from .._checks import check_int, check_number, check_positive, check_positive_int
+from .._checks import check_int, check_number, check_positive, check_positive_int, check_type
 from ..paths import ROOT, TINYLM_CHECKPOINT
 from ..serving import launch as serving_launch
 from ..serving import register as discovery
@@ -79,6 +79,7 @@ class RouterProcess(ServiceProcess):
         check_positive("heartbeat_timeout", heartbeat_timeout, unit="s")
         check_int("retries", retries, 0)
         check_number("timeout", timeout, low=0.0, low_open=True, unit="s")
+        self.heartbeat_timeout = float(heartbeat_timeout)
         self._log = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", "labkit.cluster", "--port", "0", "--policy", policy, "--heartbeat-timeout",
                repr(float(heartbeat_timeout)), "--retries", str(retries), *map(str, args)]
@@ -133,6 +134,26 @@ class RouterProcess(ServiceProcess):
     def wait_for(self, n: int, timeout: float = 30.0, url: str | None = None) -> list[dict]:
         """Block until exactly `n` replicas are up (with `url`: one of them that one); those replicas."""
         return wait_for_replicas(self.root, n, timeout, url)
+
+    def wait_for_event(self, kind: str, replica: str | None = None, url: str | None = None,
+                       since: float | None = None, timeout: float = 10.0) -> dict:
+        """Block until the registry logs an event of `kind` ("registered", "down", "removed", ...), for the
+        replica id `replica` and with `url` in its detail when given, at or after `since` (s, time.monotonic():
+        the router's clock on this machine); the first such event. TimeoutError naming what the log holds."""
+        check_type("kind", kind, str, "an event kind such as 'removed'")
+        deadline = time.monotonic() + check_positive("timeout", timeout, unit="s")
+        while True:
+            events = self.events()
+            for e in events:
+                if (e["kind"] == kind and replica in (None, e["id"]) and (url is None or url in e["detail"])
+                        and (since is None or e["time"] >= since)):
+                    return e
+            if time.monotonic() > deadline:
+                seen = [(e["kind"], e["id"]) for e in events][-8:]
+                raise TimeoutError(f"no {kind!r} event" + (f" for {replica}" if replica else "")
+                                   + (f" naming {url}" if url else "") + f" within {timeout:g} s; the last "
+                                   f"events: {seen}")
+            time.sleep(0.05)
 
 
 def start_router(policy: str = "prefix_affinity", heartbeat_timeout: float = 1.0, retries: int = 2,

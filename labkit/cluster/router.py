@@ -40,7 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from .._checks import check_int, check_positive, check_type
+from .._checks import check_int, check_positive, check_type, fail
 from ..serving import protocol
 from ..serving import register as discovery
 from .counters import metrics_text
@@ -76,6 +76,18 @@ class Router:
         self.client: httpx.AsyncClient | None = None
         self.closing = False  # stop() began: forwards end, none is retried
         self._expiry: asyncio.Task | None = None
+
+    def count(self, **deltas: int) -> None:
+        """Add `deltas` to the counters in one dict.update (a snapshot from another thread always adds up); the
+        only way they change (tickets, retries, in-band errors, removals)."""
+        for name in deltas:
+            if name not in self.counters:
+                fail("counter", name, f"one of {sorted(self.counters)}")
+        self.counters.update({name: self.counters[name] + d for name, d in deltas.items()})
+
+    def ticket(self) -> Ticket:
+        """A new request, in flight until its Ticket is resolved."""
+        return Ticket(self.count)
 
     @property
     def in_flight(self) -> int:
@@ -126,7 +138,7 @@ class Router:
         """registry.expire(), then cancel the forwards in flight to each removed replica."""
         removed = self.registry.expire()
         for replica in removed:
-            self.counters["removals"] += 1
+            self.count(removals=1)
             for attempt in list(self.attempts.pop(replica.id, ())):
                 attempt.cancel(f"{replica.id} was removed ({replica.reason})")
         return removed
@@ -267,7 +279,7 @@ def make_router_app(router: Router) -> FastAPI:
         return {"id": replica.id, "deregistered": True}
 
     async def generate(request: Request, path: str):
-        ticket = Ticket(router.counters)
+        ticket = router.ticket()
         handed_off = False
         try:
             raw, body = await _json(request)

@@ -35,6 +35,8 @@ from .labs import STAMP, read_notebook, source_of
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = 'raise NotImplementedError("exercise: write this part")'
 
+RUN_METADATA = ("execution", "ExecuteTime")  # per-cell timings: nbclient's, and the ExecuteTime extension's
+
 
 def strip_solutions(source: str, where: str = "cell") -> tuple[str, list[str]]:
     """(source with each solution replaced by a stub, the removed solution lines)."""
@@ -60,12 +62,16 @@ def strip_solutions(source: str, where: str = "cell") -> tuple[str, list[str]]:
 
 
 def student_notebook(nb: dict, name: str = "notebook") -> dict:
-    """A copy of notebook `nb` (nbformat 4 JSON as a dict) with solutions stubbed and outputs cleared."""
+    """A copy of notebook `nb` (nbformat 4 JSON as a dict) with solutions stubbed and outputs cleared, and
+    without what the instructor's run left in the metadata (cell timings, the widgets' saved state)."""
     check_type("nb", nb, dict)
     if "cells" not in nb:
         fail("nb", sorted(nb), "a notebook dict with 'cells'")
     nb = copy.deepcopy(nb)
+    nb.get("metadata", {}).pop("widgets", None)
     for i, cell in enumerate(nb["cells"]):
+        for key in RUN_METADATA:
+            cell.get("metadata", {}).pop(key, None)
         source = source_of(cell)
         if cell.get("cell_type") != "code":
             if BEGIN in source or END in source:

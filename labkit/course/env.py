@@ -13,8 +13,15 @@ import labkit
 from .._checks import check_int
 
 
-def setup(min_version: str = "0.1.0", seed: int = 0) -> None:
-    """Check labkit's version, fix every seed, set plot defaults; prints one line."""
+def setup(min_version: str = "0.1.0", seed: int = 0, threads: int | None = 1) -> None:
+    """Check labkit's version, fix every seed, set torch's thread count and plot defaults; prints one line.
+
+    `threads`: torch's intra-op threads for the notebook, 1 by default, at most this machine's cores; None
+    leaves the count as it is (torch's default in a fresh kernel: one per core), for the labs that measure
+    the machine on every core (01's roofline, 03's INT4 matmul, which also times one thread itself).
+    Why one: TinyLM's matmuls are far too small to split, and a split kernel waits at every step for its
+    slowest thread. On a 2-core laptop busy with other work, lab 05's TinyLM generated 8-10 tokens/s on
+    torch's 2 threads against about 200 on one (issue 25)."""
     import matplotlib
     import numpy as np
     import torch
@@ -26,9 +33,14 @@ def setup(min_version: str = "0.1.0", seed: int = 0) -> None:
     except (InvalidVersion, TypeError):
         raise ValueError(f"min_version must be a version string such as '0.1.0', got {min_version!r}") from None
     check_int("seed", seed, 0, 2**32 - 1)
+    if threads is not None:
+        check_int("threads", threads, 1, os.cpu_count() or 1,
+                  f"torch threads: this machine has {os.cpu_count() or 1} cores; None keeps torch's count")
     if Version(labkit.__version__) < needed:
         raise RuntimeError(f"this notebook needs labkit >= {min_version}, found {labkit.__version__}; "
                            f"run `make lab` from the repository root to update")
+    if threads is not None:
+        torch.set_num_threads(threads)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -85,6 +85,8 @@ def check_rank(release: Release, rank, tp) -> tuple[int, int]:
 def rank_slice(shape: tuple[int, ...], style: str, rank: int, tp: int) -> tuple[slice, ...]:
     """The index of rank `rank`'s part of a tensor of `shape` split by `style` (see the module docstring)."""
     check_choice("style", style, ("column", "vocab", "row", "replicated"))
+    tp = check_positive_int("tp", tp)
+    check_int("rank", rank, 0, tp - 1)
     if style == "replicated":
         return (slice(None),)
     dim = 1 if style == "row" else 0

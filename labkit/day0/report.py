@@ -1,13 +1,15 @@
 """The Day-0 report (notebook 07, section 7): one table that says how the adaptation went and where each
 earlier lab's lesson was used. The notebook fills a `Day0Report` from its own measurements; `day0_report`
 renders it, rounded to 3 significant digits (stable across runs for the planned numbers; the measured ones
-are marked as measurements in the notebook).
+are marked as measurements in the notebook). Each line's "against" is what "this run" is compared with, and
+"against what" names it, since that differs from line to line:
 
-    line                  this run   reference           from
-    memory rank 0 (MB)    measured   planned (footprint)  lab 01 footprint, lab 02 arena
-    load, threaded (s)    threaded   serial               lab 04 TP slices, lab 03 precision
-    TTFT text (ms)        ...                             lab 06 serving
-    accuracy colour (%)   served     FP32 single process  lab 03 accuracy retention
+    line                  this run   against     against what                    from
+    layout                TP=2       DP=2 ...    planner's first choice   lab 04 planner, then our choice
+    memory rank 0 (MB)    measured   planned     planned                  lab 01 footprint, lab 02 arena
+    load, threaded (s)    threaded   serial      serial (1 thread)        lab 04 TP slices, lab 03 precision
+    TTFT text (ms)        ...                                             lab 06 serving
+    accuracy colour (%)   served     FP32 run    FP32 reference           lab 03 accuracy retention
     ...
 
 Units: bytes in the report, MB (1e6 bytes) in the table; seconds in the report, ms or s in the table (the
@@ -23,7 +25,7 @@ from ..course import display, evidence
 
 LABS: dict[str, str] = {
     "operators": "lab 00 TinyLM runtime + lab 07 operator table",
-    "layout": "lab 04 planner",
+    "layout": "lab 04 planner, then our choice",
     "memory": "lab 01 footprint, lab 02 arena (allocator)",
     "load": "lab 04 TP slices, lab 03 precision",
     "ttft_text": "lab 06 serving (continuous batching)",
@@ -42,8 +44,9 @@ class Day0Report:
     an image request through the service (ttft_image_repeat_s: the same image again, encoder cache warm, or
     None); accuracy / reference_accuracy: exact-match fraction per question kind and text task, served and
     in the FP32 single-process reference run (the same keys); layout and precision in words ("TP=2",
-    "bf16"). load_reliable / ttft_image_repeat_reliable: whether the repeats behind the threaded-vs-serial
-    load and the repeated-vs-new image separate by the course's rule (labkit.course.evidence); when not, the
+    "bf16"); planned_layout: the planner's first choice (str(Plan)), or None. load_reliable /
+    ttft_image_repeat_reliable: whether the repeats behind the threaded-vs-serial load and the repeated-vs-new
+    image separate by the course's rule (labkit.course.evidence); when not, the
     line that compares them says "unreliable on this run" instead of a figure. Validates itself: a missing or
     bad field is refused by name."""
     operators: list[str]
@@ -56,6 +59,7 @@ class Day0Report:
     accuracy: dict[str, float]
     reference_accuracy: dict[str, float]
     layout: str = "TP=1"
+    planned_layout: str | None = None
     precision: str = "bf16"
     model: str = "TinyVLM"
     ttft_image_repeat_s: float | None = None
@@ -92,6 +96,9 @@ class Day0Report:
         if set(self.accuracy) != set(self.reference_accuracy):
             fail("reference_accuracy", sorted(self.reference_accuracy), f"the same tasks as accuracy "
                  f"({sorted(self.accuracy)})")
+        if self.planned_layout is not None and (not isinstance(self.planned_layout, str) or not self.planned_layout):
+            fail("planned_layout", self.planned_layout, "None or a non-empty str (the planner's first layout)",
+                 TypeError)
         for name in ("layout", "precision", "model"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 fail(name, getattr(self, name), "a non-empty str", TypeError)
@@ -119,38 +126,40 @@ def _mb(n: int) -> float:
     return n / 1e6
 
 
+def _row(line: str, this_run, against, against_what: str, source: str) -> dict:
+    return {"line": line, "this run": this_run, "against": against, "against what": against_what, "from": source}
+
+
 def report_rows(report: Day0Report) -> list[dict]:
-    """The report's table as rows {line, this run, reference, from} (numbers as floats, units in the line)."""
+    """The report's table as rows {line, this run, against, against what, from} (numbers as floats, units in the
+    line; "-" where a line has nothing to compare with)."""
     check_type("report", report, Day0Report)
     labs = report.labs
-    rows = [{"line": "layout", "this run": report.layout, "reference": "-", "from": labs["layout"]}]
+    rows = [_row("layout", report.layout, report.planned_layout or "-",
+                 "planner's first choice" if report.planned_layout else "-", labs["layout"])]
     for r, (planned, measured) in enumerate(zip(report.planned_bytes, report.measured_bytes)):
-        rows.append({"line": f"memory rank {r} (MB)", "this run": _mb(measured), "reference": _mb(planned),
-                     "from": labs["memory"]})
-    rows += [{"line": f"load {report.precision}, threaded (s)", "this run": float(report.load_threaded_s),
-              "reference": float(report.load_serial_s), "from": labs["load"]},
-             {"line": "load speed-up, serial/threaded (x)",
-              "this run": (report.load_serial_s / report.load_threaded_s if report.load_reliable
-                           else evidence.UNRELIABLE),
-              "reference": "-", "from": labs["load"]},
-             {"line": "TTFT text (ms)", "this run": 1e3 * report.ttft_text_s, "reference": "-",
-              "from": labs["ttft_text"]},
-             {"line": "TTFT image (ms)", "this run": 1e3 * report.ttft_image_s, "reference": "-",
-              "from": labs["ttft_image"]}]
+        rows.append(_row(f"memory rank {r} (MB)", _mb(measured), _mb(planned), "planned", labs["memory"]))
+    speedup = report.load_serial_s / report.load_threaded_s if report.load_reliable else evidence.UNRELIABLE
+    rows += [_row(f"load {report.precision}, threaded (s)", float(report.load_threaded_s),
+                  float(report.load_serial_s), "serial (1 thread)", labs["load"]),
+             _row("load speed-up, serial/threaded (x)", speedup, "-", "-", labs["load"]),
+             _row("TTFT text (ms)", 1e3 * report.ttft_text_s, "-", "-", labs["ttft_text"]),
+             _row("TTFT image (ms)", 1e3 * report.ttft_image_s, "-", "-", labs["ttft_image"])]
     if report.ttft_image_repeat_s is not None:
         again = 1e3 * report.ttft_image_repeat_s if report.ttft_image_repeat_reliable else evidence.UNRELIABLE
-        rows.append({"line": "TTFT same image again (ms)", "this run": again,
-                     "reference": 1e3 * report.ttft_image_s, "from": labs["ttft_image"]})
+        rows.append(_row("TTFT same image again (ms)", again, 1e3 * report.ttft_image_s, "first request",
+                         labs["ttft_image"]))
     for task in sorted(report.accuracy):
-        rows.append({"line": f"accuracy {task} (%)", "this run": 100.0 * report.accuracy[task],
-                     "reference": 100.0 * report.reference_accuracy[task], "from": labs["accuracy"]})
+        rows.append(_row(f"accuracy {task} (%)", 100.0 * report.accuracy[task],
+                         100.0 * report.reference_accuracy[task], "FP32 reference", labs["accuracy"]))
     return rows
 
 
 def day0_report(report: Day0Report) -> str:
     """The Day-0 report as text: a title, the operators covered, and the table of report_rows ("this run"
-    is what the service measured; "reference" the plan, the serial load, the first image request or the FP32
-    single-process run). Deterministic: the same report gives the same text."""
+    is what the service measured; "against" what it is compared with, named in "against what": the planner's
+    first choice, the plan, the serial load, the first image request or the FP32 single-process run).
+    Deterministic: the same report gives the same text."""
     check_type("report", report, Day0Report)
     ops = ", ".join(report.operators)
     head = [f"Day-0 report: {report.model}, {report.layout}, {report.precision}",

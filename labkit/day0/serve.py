@@ -36,7 +36,7 @@ import torch
 from .._checks import check_choice, check_positive, check_positive_int, check_type
 from ..kv_cache import check_block_size
 from ..parallel import tensor
-from ..serving import Engine, ModelRunner, engine as serving_engine, tp as serving_tp
+from ..serving import Engine, EngineConfig, ModelRunner, tp as serving_tp
 from ..tinylm import ByteTokenizer
 from .arena import Arena, plan_arena
 from .config import TinyVLMConfig
@@ -53,7 +53,6 @@ RANK_TIMEOUT_S = 60.0
 KV_DTYPE = torch.float32
 """The KV pools' dtype (lab 06's ModelRunner default), whatever the weights' precision."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-_ENGINE = inspect.signature(Engine).parameters  # the engine's own defaults, read rather than copied
 
 
 class ReleaseTokenizer(ByteTokenizer):
@@ -134,43 +133,36 @@ def encoder_model(folder, cfg: TinyVLMConfig) -> TinyVLM:
 
 
 def build_engine(folder, tp: int = 1, dtype: str = "float32", timeout: float = RANK_TIMEOUT_S,
-                 **engine_kwargs) -> tuple[Engine, VLMProcessor, ReleaseTokenizer]:
+                 config: EngineConfig | None = None, **options) -> tuple[Engine, VLMProcessor, ReleaseTokenizer]:
     """The service's (engine, processor, tokenizer) for the release in `folder` (see the module docstring):
     the decoder in `dtype` over `tp` gloo ranks that each load their own slices (tp 1: in this process), the
-    encoder (FP32) and its cache here; `timeout`: seconds a rank may take to load (and each collective). The
-    other keywords go to Engine; num_blocks, block_size and max_num_seqs (Engine's defaults) also size each
-    rank's arena. Close the ranks with engine.runner.close() (tp > 1)."""
+    encoder (FP32) and its cache here; `timeout`: seconds a rank may take to load (and each collective).
+    config / options: the Engine's (EngineConfig); its resolved pool, max_num_seqs and token budget also size
+    each rank's arena. Close the ranks with engine.close()."""
     cfg = check_release(folder, tp)
     check_positive("timeout", timeout, unit="seconds")
     check_choice("dtype", dtype, ("float32", "bfloat16"))
-    block_size = check_block_size(engine_kwargs.get("block_size", _ENGINE["block_size"].default))
-    seqs = check_positive_int("max_num_seqs", engine_kwargs.get("max_num_seqs", _ENGINE["max_num_seqs"].default))
-    num_blocks = engine_kwargs.get("num_blocks")
-    num_blocks = serving_engine.default_num_blocks(cfg.text_config, seqs, block_size) if num_blocks is None \
-        else check_positive_int("num_blocks", num_blocks)
-    sizes = (num_blocks, block_size, seqs, engine_kwargs.get("max_num_batched_tokens"))
-    engine_kwargs = {**engine_kwargs, "num_blocks": num_blocks, "block_size": block_size}
+    config = EngineConfig.build(config, **options).resolve(cfg.text_config)
+    sizes = (config.num_blocks, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
     if tp == 1:
         shard = rank_model(0, 1, str(folder), dtype, *sizes)
-        runner = ModelRunner(shard.local, num_blocks, block_size, pools=shard.kv_pools)
-        engine = Engine(runner=runner, **engine_kwargs)
+        engine = Engine(runner=ModelRunner(shard.local, config.num_blocks, config.block_size, pools=shard.kv_pools),
+                        config=config)
     else:
         engine = serving_tp.built_tp_engine(rank_model, (str(folder), dtype, *sizes), cfg.text_config, tp,
-                                            timeout=timeout, **engine_kwargs)
+                                            timeout=timeout, config=config)
     try:
         cache = EncoderCache(encoder_model(folder, cfg).encode_images, ENCODER_CACHE_IMAGES,
                              cfg.vision_config.image_size)
         return engine, VLMProcessor(None, cfg, cache), ReleaseTokenizer()
     except BaseException:
-        close = getattr(engine.runner, "close", None)
-        if close is not None:
-            close()
+        engine.close()
         raise
 
 
-def engine_loader(args, engine_kwargs: dict):
+def engine_loader(args, config: EngineConfig):
     """labkit.serving's entry for model_type "tinyvlm": checks the release and --tp now (parse time, exit 2),
     and returns load(), which builds (engine, processor, tokenizer) on the service's engine thread (FP32)."""
     folder, tp = Path(args.model).resolve(), args.tp  # the ranks get an absolute path
     check_release(folder, tp)
-    return lambda: build_engine(folder, tp, **engine_kwargs)
+    return lambda: build_engine(folder, tp, config=config)

@@ -127,10 +127,11 @@ def plot_block_sweep(rows: list[dict], title: str):
 
     fig, ax = plt.subplots()
     sizes = [r["block_size"] for r in rows]
-    ax.plot(sizes, [r["empty slots/seq"] for r in rows], "o-", label="empty slots in the last block")
+    ax.plot(sizes, [r["empty slots/seq"] for r in rows], "o-", label="empty slots in the last block", clip_on=False)
     ax.plot(sizes, [r["table entries/seq"] for r in rows], "s-", label="block-table entries")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set_yscale("symlog", linthresh=1)  # linear below 1: block size 1 wastes 0 slots, which a log axis drops
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("per sequence, averaged over steps")
     ax.set_title(title)

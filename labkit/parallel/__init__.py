@@ -7,14 +7,15 @@ pipelines, expert parallelism with all-to-all, overlap of communication with com
     gloo         the ring over real point-to-point sends, torch.distributed's collectives, timing them
     linkmodel    LinkModel (alpha + bytes / beta), fit, bus bandwidth
     tensor       ShardedTinyLM, tensor_parallel_logits, tensor_parallel_generate    dtensor  the library's
+    decode       TinyLM's decode step: one process, TP ranks, the alpha-beta prediction (DecodeReport)
     schedule     GPipe / 1F1B operations, bubble_fraction, simulate                  pipeline real stages
     expert       route, moe_forward, expert_parallel_forward                         overlap  async all-reduce
     planner      Cluster, Workload, plan, best, min_devices
     explore      plots and the plan explorer widget                                  exercises the notebook's
 """
 
-from . import (collectives, distributed, dtensor, exercises, expert, explore, gloo, linkmodel, overlap, pipeline,
-               planner, schedule, tensor)
+from . import (collectives, decode, distributed, dtensor, exercises, expert, explore, gloo, linkmodel, overlap,
+               pipeline, planner, schedule, tensor)
 from .collectives import all_gather, all_to_all, bytes_sent_per_rank, reduce_scatter, ring_all_reduce
 from .distributed import Pool, RankError, shared_pool
 from .linkmodel import LinkModel, bus_bandwidth
@@ -22,7 +23,7 @@ from .planner import Cluster, Plan, Workload, best, min_devices, plan
 from .schedule import bubble_fraction, megatron_bubble
 from .tensor import tensor_parallel_generate, tensor_parallel_logits
 
-__all__ = ["collectives", "distributed", "dtensor", "exercises", "expert", "explore", "gloo", "linkmodel", "overlap",
+__all__ = ["collectives", "decode", "distributed", "dtensor", "exercises", "expert", "explore", "gloo", "linkmodel", "overlap",
            "pipeline", "planner", "schedule", "tensor", "all_gather", "all_to_all", "bytes_sent_per_rank",
            "reduce_scatter", "ring_all_reduce", "Pool", "RankError", "shared_pool", "LinkModel", "bus_bandwidth",
            "Cluster", "Plan", "Workload", "best", "min_devices", "plan", "bubble_fraction", "megatron_bubble",

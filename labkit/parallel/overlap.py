@@ -8,7 +8,8 @@ as DDP overlaps its bucketed gradient all-reduces with the backward pass.
                     A0 A1 A2
 
 On this machine gloo's all-reduce runs on CPU threads that compete with the matmuls for the same 2 cores,
-so the measured gain is far below what a GPU node (copy engines and NVLink beside the SMs) gets.
+so the gain is bounded by that sharing; on a GPU, NCCL's collectives are kernels that take some of the SMs
+(the notebook cites NCCL and DeepSeek-V3), while NVLink moves the bytes.
 """
 
 from __future__ import annotations

@@ -138,7 +138,9 @@ def _reason(spec: ModelSpec, cl: Cluster, tp: int, pp: int, ep: int) -> str:
 
 
 def estimate(spec: ModelSpec, cl: Cluster, wl: Workload, tp: int, pp: int, ep: int, usable: float = 0.9) -> Plan:
-    """The Plan of one layout (see the module docstring), rejected or not."""
+    """The Plan of one layout (see the module docstring), rejected or not. tp, pp, ep: positive ints."""
+    for name, degree in (("tp", tp), ("pp", pp), ("ep", ep)):
+        check_positive_int(name, degree, unit="a parallel degree: 1 means no split")
     dp = cl.devices // (tp * pp * ep)
     used = dp * tp * pp * ep
     reason = _reason(spec, cl, tp, pp, ep) or ("" if dp else f"TP x PP x EP = {tp * pp * ep} exceeds the "
@@ -235,9 +237,29 @@ def nearest_miss(plans: list[Plan]) -> Plan | None:
 def tp_decode_seconds(spec: ModelSpec, dev: str, link: str, tp: int, weight_bytes: float = 2,
                       act_bytes: float = 2) -> float:
     """Seconds per token for one sequence on `tp` devices: reading 1/tp of the weights at the device's memory
-    bandwidth, plus two all-reduces of d_model activations per layer over `link` (batch 1: memory-bound)."""
+    bandwidth, plus two all-reduces of d_model activations per layer over `link` (batch 1: memory-bound).
+    Says nothing of memory: `tp_fits` does, and `best_decode_tp` ranks only the degrees that fit."""
     check_type("spec", spec, ModelSpec)
     check_positive_int("tp", tp)
     read = spec.active_params * check_positive("weight_bytes", weight_bytes) / tp / device(dev).bandwidth
     hidden = spec.d_model * check_positive("act_bytes", act_bytes)
     return read + 2 * spec.n_layers * LinkModel.from_spec(link).collective("all_reduce", hidden, tp)
+
+
+def tp_fits(spec: ModelSpec, dev: str, tp: int, weight_bytes: float = 2, usable: float = 0.9) -> bool:
+    """Whether 1/tp of the weights (bytes: n_params x weight_bytes / tp) fits in `usable` of one device's
+    memory: the weights alone, as at batch 1 with a short context (notebook 04, section 3)."""
+    check_type("spec", spec, ModelSpec)
+    check_positive_int("tp", tp)
+    need = spec.n_params * check_positive("weight_bytes", weight_bytes) / tp
+    return need <= check_fraction("usable", usable) * device(dev).memory_bytes
+
+
+def best_decode_tp(spec: ModelSpec, dev: str, link: str, tps=(1, 2, 4, 8), weight_bytes: float = 2,
+                   usable: float = 0.9) -> int | None:
+    """The degree of `tps` with the least tp_decode_seconds among those whose weights fit (tp_fits); None
+    when none fits: a layout that does not fit is never the best."""
+    fitting = [t for t in tps if tp_fits(spec, dev, t, weight_bytes, usable)]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda t: tp_decode_seconds(spec, dev, link, t, weight_bytes))

@@ -7,7 +7,8 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
     scheduler  waiting / running / swapped queues; static, continuous and chunked-prefill policies;
                preemption by recompute or swap; priorities with a starvation bound
     batch      StepInput (one step, packed) and PagedBatch (attention per sequence over the paged pool)
-    runner     ModelRunner: the model, its KV pools and host swap space
+    runner     Runner (what the engine needs of one), ModelRunner: the model, its KV pools and host swap space
+    config     EngineConfig: the engine's configuration, checked once, resolved against the runner's pool
     engine     Engine: add_request / step / abort; offline replays of a trace on a measured or modelled clock
     workload   Poisson / gamma arrivals and request traces from the course's tasks
     metrics    TTFT, TPOT, ITL, end-to-end latency, throughput and goodput (vLLM's benchmark definitions)
@@ -27,18 +28,19 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
     explore    the plots and the scheduler widget;  exercises   the notebook's exercises
 """
 
-from . import (api, batch, detokenize, engine, exercises, explore, launch, metrics, mm, processor, protocol, register, runner,
+from . import (api, batch, config, detokenize, engine, exercises, explore, launch, metrics, mm, processor, protocol, register, runner,
                sampling, scheduler, sequence, service, stream, tp, workload)
 from .api import ServerThread, make_app
 from .detokenize import TextDecoder
 from .batch import PagedBatch, StepInput
+from .config import EngineConfig
 from .engine import Engine, StepCost, StepOutput
 from .metrics import Record, request_metrics, summarize
 from .mm import MultiModalInput, check_mm, step_embeds
 from .processor import Processor, Prompt, TextProcessor
 from .protocol import APIError
 from .register import REGISTER_PATH, Registrar, check_http_url, heartbeat_body, heartbeat_path, replica_path
-from .runner import ModelRunner
+from .runner import ModelRunner, Runner
 from .sampling import SamplingParams, make_generator, probabilities, sample, sample_batch
 from .scheduler import POLICIES, PREEMPTION_MODES, Scheduler
 from .sequence import Sequence, Status
@@ -46,10 +48,10 @@ from .service import Service, ServiceUnavailable
 from .tp import TPRunner, built_tp_engine, tp_engine
 from .workload import TraceRequest, arrival_times, make_trace
 
-__all__ = ["api", "batch", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "mm", "processor", "protocol", "register", "runner",
+__all__ = ["api", "batch", "config", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "mm", "processor", "protocol", "register", "runner",
            "sampling", "scheduler", "sequence", "service", "stream", "tp", "workload", "ServerThread", "make_app", "TextDecoder",
-           "PagedBatch", "StepInput", "Engine", "StepCost", "StepOutput", "MultiModalInput", "check_mm", "step_embeds", "Record", "request_metrics", "summarize",
-           "Processor", "Prompt", "TextProcessor", "APIError", "ModelRunner", "SamplingParams", "make_generator", "probabilities", "sample", "sample_batch",
+           "PagedBatch", "StepInput", "EngineConfig", "Engine", "StepCost", "StepOutput", "MultiModalInput", "check_mm", "step_embeds", "Record", "request_metrics", "summarize",
+           "Processor", "Prompt", "TextProcessor", "APIError", "ModelRunner", "Runner", "SamplingParams", "make_generator", "probabilities", "sample", "sample_batch",
            "POLICIES", "PREEMPTION_MODES", "Scheduler", "Sequence", "Status", "Service", "ServiceUnavailable",
            "TPRunner", "built_tp_engine", "tp_engine", "TraceRequest", "arrival_times", "make_trace",
            "REGISTER_PATH", "Registrar", "check_http_url", "heartbeat_body", "heartbeat_path", "replica_path"]

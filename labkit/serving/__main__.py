@@ -40,12 +40,15 @@ from ..parallel import tensor
 from ..tinylm import TinyLMConfig, load_pretrained
 from .api import ServerThread, make_app
 from .register import Registrar, check_http_url, routable_url
+from .config import DEFAULT_BLOCK_SIZE, EngineConfig
 from .scheduler import POLICIES, PREEMPTION_MODES
 from .service import Service
 
+DEFAULTS = EngineConfig()  # the options' defaults are the engine's own
+
 
 MODEL_TYPES = {"tinyvlm": "labkit.day0.serve:engine_loader"}
-"""config.json's model_type -> "module:function": function(args, engine_options) checks the options against
+"""config.json's model_type -> "module:function": function(args, config: EngineConfig) checks the options against
 the release (--tp, the folder) raising ValueError / TypeError / OSError that say why, and returns the Service's
 loader, run on the engine thread: load() -> (engine, processor, tokenizer) (labkit.serving.service)."""
 
@@ -119,10 +122,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
     parser.add_argument("--num-blocks", type=_positive, default=None,
                         help="KV-cache blocks in the pool (default: max-num-seqs full contexts)")
-    parser.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block (a power of two)")
-    parser.add_argument("--max-num-seqs", type=_positive, default=32, help="requests in the running batch at most")
-    parser.add_argument("--policy", choices=POLICIES, default="continuous", help="batching policy")
-    parser.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute", help="when KV blocks run out")
+    parser.add_argument("--block-size", type=_positive, default=DEFAULT_BLOCK_SIZE,
+                        help="tokens per KV block (a power of two)")
+    parser.add_argument("--max-num-seqs", type=_positive, default=DEFAULTS.max_num_seqs,
+                        help="requests in the running batch at most")
+    parser.add_argument("--policy", choices=POLICIES, default=DEFAULTS.policy, help="batching policy")
+    parser.add_argument("--preemption", choices=PREEMPTION_MODES, default=DEFAULTS.preemption,
+                        help="when KV blocks run out")
     parser.add_argument("--threads", type=_positive, default=max(1, (os.cpu_count() or 1) - 1),
                         help="torch threads for the model (default: the cores but one, left to the HTTP server and "
                              "the clients: on 2 cores, 1 thread serves faster under load, benchmarks/RESULTS.md)")
@@ -138,14 +144,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in [0, 65535], got {args.port}")
-    if args.block_size & (args.block_size - 1):
-        parser.error(f"--block-size must be a power of two, got {args.block_size}")
+    try:
+        args.config = engine_config(args)
+    except (ValueError, TypeError) as e:
+        parser.error(f"--{str(e).split()[0].replace('_', '-')}: {e}")
     args.load = None
     try:
         config = release_config(args.model)
         if config is not None:  # a release folder: its model type's loader checks the options against it
             factory = model_loader(config.get("model_type"))
-            args.load, args.stem = factory(args, engine_options(args)), Path(args.model).resolve()
+            args.load, args.stem = factory(args, args.config), Path(args.model).resolve()
     except (ValueError, TypeError, OSError, ImportError) as e:
         parser.error(f"--model {args.model}: {e}")
     if args.load is not None:
@@ -166,10 +174,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def engine_options(args: argparse.Namespace) -> dict:
-    """The Engine keywords the options give (KV pool, batch, policy, preemption)."""
-    return dict(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                policy=args.policy, preemption=args.preemption, history_limit=1000)
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig the options give (KV pool, batch, policy, preemption; the last 1000 steps' history)."""
+    return EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                        policy=args.policy, preemption=args.preemption, history_limit=1000)
 
 
 def engine_loader(args: argparse.Namespace):
@@ -177,23 +185,20 @@ def engine_loader(args: argparse.Namespace):
     the loader its model type's factory made in parse_args)."""
     if getattr(args, "load", None) is not None:
         return args.load
-    options = engine_options(args)
 
     def load():
         model, _ = load_pretrained(args.stem)
         if args.tp > 1:  # the model over tp gloo processes (imported only when asked for)
             from .tp import tp_engine
-            return tp_engine(model, args.tp, **options)
+            return tp_engine(model, args.tp, config=args.config)
         from .engine import Engine
-        return Engine(model, **options)
+        return Engine(model, config=args.config)
     return load
 
 
 def close_engine(engine) -> None:
-    """Stop a TP engine's rank processes (a one-process engine, or none after a failed load, has nothing)."""
-    close = getattr(getattr(engine, "runner", None), "close", None)
-    if close is not None:
-        close()
+    """Stop a TP engine's rank processes (Engine.close; a one-process engine has nothing to stop)."""
+    engine.close()
 
 
 def main(argv=None) -> int:

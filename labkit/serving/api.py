@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from .._checks import check_int, check_number, check_type, fail
+from .._checks import Refusal, check_int, check_number, check_type, fail
 from ..kv_cache import LargerThanPoolError
 from .protocol import APIError, Reply, parse_body, parse_request, refusal, sse
 from .service import Service, ServiceUnavailable
@@ -135,11 +135,10 @@ async def _submit(service: Service, req):
 def _engine_refusal(error: Exception, kind: str, prompt) -> APIError:
     """The 400 for an Engine refusal of a processed Prompt: what it calls "prompt" is a chat request's
     "messages", and a refused prompt says how many of its tokens are image tokens (Prompt.num_image_tokens)."""
-    message = str(error)
-    if not message.startswith("prompt must be "):  # max_tokens, ...: the engine's name is the request's field
+    refused = getattr(error, "refusal", None)
+    if not isinstance(refused, Refusal) or refused.name != "prompt":  # max_tokens, ...: the request's own field
         return refusal(error)
-    if kind == "chat":
-        message = "messages" + message.removeprefix("prompt")
+    message = refused.message("messages" if kind == "chat" else "prompt")
     if prompt.num_image_tokens:
         message += f" ({prompt.num_image_tokens} of its {len(prompt.token_ids)} tokens are image tokens)"
     return refusal(type(error)(message), "messages" if kind == "chat" else "prompt")

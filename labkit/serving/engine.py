@@ -2,7 +2,7 @@
 step(), tokens out. It owns the requests (Sequence), the scheduler (queues) and the block manager (blocks);
 the model runner owns the model and the KV pools (one per tensor-parallel rank).
 
-    engine = Engine(model, policy="continuous")
+    engine = Engine(model, policy="continuous")      # or Engine(model, config=EngineConfig(...))
     rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=20, temperature=0))
     while engine.has_unfinished():
         for out in engine.step(): ...          # StepOutput(request_id, token_id, finished, finish_reason)
@@ -25,53 +25,44 @@ from typing import Callable, Iterable, Sequence as Seq
 
 import torch
 
-from .._checks import check_int, check_number, check_positive_int, check_type, fail
-from ..kv_cache import BlockManager, blocks_needed
-from ..tinylm import TinyLMConfig, check_tinylm
+from .._checks import check_number, check_positive_int, check_type, fail
+from ..kv_cache import BlockManager
+from ..tinylm import check_tinylm
 from .batch import StepCost, StepInput, StepOutput  # StepCost, StepOutput: re-exported (lab 06 API)
 from .mm import MultiModalInput, step_embeds
-from .runner import ModelRunner
+from .config import EngineConfig
+from .runner import ModelRunner, Runner, check_runner
 from .sampling import SamplingParams, make_generator, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, Status, check_request
 
 
-def default_num_blocks(cfg, max_num_seqs: int, block_size: int) -> int:
-    """KV blocks for max_num_seqs full contexts: the pool in which no request is ever preempted."""
-    return check_positive_int("max_num_seqs", max_num_seqs) * blocks_needed(cfg.max_seq_len, block_size)
-
-
 class Engine:
-    """A TinyLM serving engine over a paged KV cache of `num_blocks` blocks of `block_size` tokens (default:
-    room for max_num_seqs full contexts). Give `model` (a TinyLM, run in this process) or `runner` (anything
-    with cfg and execute(StepInput): the tensor-parallel runner of labkit.serving.tp). Requests may carry images
-    (add_request(mm=...), labkit.serving.mm); hash_mm=False builds the naive prefix cache that hashes tokens
-    only, so two images with the same placeholders share KV (notebook 07 shows it answering wrongly)."""
+    """A TinyLM serving engine over a paged KV cache. Give `model` (a TinyLM, run in this process by a
+    ModelRunner the engine builds) or `runner` (a Runner that already allocated its pool: ModelRunner,
+    labkit.serving.tp's TPRunner); `config` (EngineConfig) and/or its fields as keywords say the rest
+    (Engine(model, max_num_seqs=8, clock=StepCost())). With a runner, the block manager is built from the
+    runner's pool (num_blocks x block_size): a config that asks for another pool is refused. Requests may carry
+    images (add_request(mm=...), labkit.serving.mm). close() closes the runner (a TPRunner's ranks)."""
 
-    def __init__(self, model=None, *, runner=None, num_blocks: int | None = None, block_size: int = 16,
-                 policy: str = "continuous", max_num_seqs: int = 32, max_num_batched_tokens: int | None = None,
-                 preemption: str = "recompute", max_wait: float | None = None, enable_prefix_caching: bool = True,
-                 seed: int = 0, clock="wall", history_limit: int | None = None, hash_mm: bool = True):
+    def __init__(self, model=None, *, runner: Runner | None = None, config: EngineConfig | None = None, **options):
         if (model is None) == (runner is None):
             fail("model", model, "a TinyLM, or None with a runner (exactly one of the two)", TypeError)
+        config = EngineConfig.build(config, **options)
         if runner is None:
             self.cfg = check_tinylm(model).cfg
-        elif not isinstance(getattr(runner, "cfg", None), TinyLMConfig) or not callable(getattr(runner, "execute", None)):
-            fail("runner", runner, "a model runner (cfg: TinyLMConfig, execute(StepInput)), e.g. TPRunner", TypeError)
+            self.config = config.resolve(self.cfg)
+            runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
         else:
-            self.cfg = runner.cfg
-        context = self.cfg.max_seq_len
-        num_blocks = default_num_blocks(self.cfg, max_num_seqs, block_size) if num_blocks is None else num_blocks
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching, self.cfg.vocab_size, hash_mm)
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = max(context, max_num_seqs) if policy != "chunked" else max(64, max_num_seqs)
-        self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, preemption,
-                                   max_wait)
-        self.runner = runner if runner is not None else ModelRunner(model, num_blocks, block_size)
-        self.seed = check_int("seed", seed, 0)
-        if not (clock in ("wall", "measured") or isinstance(clock, StepCost)):
-            fail("clock", clock, '"wall", "measured" or a StepCost')
-        self.clock = clock
+            self.cfg = check_runner(runner).cfg
+            self.config = config.resolve(self.cfg, pool=(runner.num_blocks, runner.block_size))
+        c = self.config
+        self.runner = runner
+        self.block_manager = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching, self.cfg.vocab_size,
+                                          c.hash_mm)
+        self.scheduler = Scheduler(self.block_manager, c.policy, c.max_num_seqs, c.max_num_batched_tokens,
+                                   c.preemption, c.max_wait)
+        self.seed, self.clock = c.seed, c.clock
         self._t0 = time.perf_counter()
         self._now = 0.0
         self.requests: dict[str, Sequence] = {}  # every request until release() forgets a finished one
@@ -80,10 +71,12 @@ class Engine:
         self.steps = 0
         self.generated_tokens = 0
         self.num_requests = 0
-        if history_limit is not None:
-            check_positive_int("history_limit", history_limit, "steps")
         # one entry per step: time, seconds, tokens, the requests in the batch (the last history_limit steps)
-        self.history: deque[dict] = deque(maxlen=history_limit)
+        self.history: deque[dict] = deque(maxlen=c.history_limit)
+
+    def close(self) -> None:
+        """Close the runner (a TPRunner stops its rank processes); a one-process engine has nothing to stop."""
+        self.runner.close()
 
     # --- time ---------------------------------------------------------------------------------------------
 
@@ -140,10 +133,7 @@ class Engine:
         seq = self.requests.get(request_id)
         if seq is None or seq.finished:
             return False
-        if seq.status is Status.SWAPPED:
-            self._drops.append(request_id)
-        self.scheduler.abort(seq)
-        seq.finish("abort")
+        self._end(seq, "abort")
         return True
 
     def has_unfinished(self) -> bool:
@@ -174,11 +164,16 @@ class Engine:
         t0 = time.perf_counter()
         sched = self.scheduler.schedule(self.now)
         step = self._step_input(sched)
-        logits = self.runner.execute(step)
+        try:
+            logits = self.runner.execute(step)
+            sampled = [sched.scheduled[i].seq for i in step.sample_rows]
+            tokens = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled]) \
+                if sampled else []
+        except BaseException as e:
+            self._fail_step(sched, step, e)
+            raise
         for s in sched.scheduled:
             self.block_manager.mark_computed(s.seq.request_id, s.start + s.num_tokens)
-        sampled = [sched.scheduled[i].seq for i in step.sample_rows]
-        tokens = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled]) if sampled else []
         seconds = time.perf_counter() - t0
         if self.clock == "measured":
             self._now += seconds
@@ -200,6 +195,25 @@ class Engine:
                              "batch": [(s.seq.request_id, s.num_tokens) for s in sched.scheduled],
                              "preempted": [s.request_id for s in sched.preempted]})
         return outputs
+
+    def _fail_step(self, sched: SchedulerOutput, step: StepInput, error: BaseException) -> None:
+        """The runner (or sampling) raised: the step's requests end with finish_reason "error" and their blocks
+        are freed (their KV holds no known state), host copies still to drop are kept for the next step, and
+        every other request goes on: the engine stays usable."""
+        self._drops = step.drop + self._drops
+        keys = [s.seq.request_id for s in sched.scheduled] + [k for k, _ in step.swap_out] + \
+            [k for k, _, _ in step.swap_in]
+        why = f"the model runner failed: {type(error).__name__}: {error}"
+        for rid in dict.fromkeys(keys):
+            seq = self.requests.get(rid)
+            if seq is not None and not seq.finished:
+                self._end(seq, "error", why)
+
+    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if seq.status is Status.SWAPPED:
+            self._drops.append(seq.request_id)  # its host copy goes with the next step
+        self.scheduler.abort(seq)
+        seq.finish(reason, error)
 
     # --- whole runs ---------------------------------------------------------------------------------------
 
@@ -228,7 +242,7 @@ class Engine:
     def generate(self, prompts: Iterable[Seq[int]], params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[list[int]]:
         """Offline: run `prompts` to completion together; their output token ids, in order. All or nothing: when
-        one request is refused, the ones added before it are taken out again."""
+        one request is refused, or a step fails, every one of them is taken out again (the engine stays usable)."""
         prompts = list(prompts)
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
@@ -237,12 +251,12 @@ class Engine:
         try:
             for p, sp in zip(prompts, params):
                 ids.append(self.add_request(p, sp))
-        except (TypeError, ValueError):
+            self.run_until_done()
+        except BaseException:  # a refusal, a runner that failed, an interrupt: none of these requests stays
             for rid in ids:
                 self.abort(rid)
                 self.release(rid)
             raise
-        self.run_until_done()
         return [self.requests[i].output for i in ids]
 
     def run(self, trace, params: SamplingParams | None = None, progress: Callable | None = None) -> list[Sequence]:

@@ -72,23 +72,29 @@ def timeline(history: Iterable[dict], request_ids: list[str]) -> dict[str, np.nd
 
 def plot_timeline(engines: dict[str, Engine], request_ids: list[str]):
     """Which requests ran at each step, one panel per engine: a dot per decode step, a larger mark per
-    prefill (or prefill chunk), coloured by its tokens. Returns the figure."""
+    prefill (or prefill chunk), coloured by its tokens on one scale for every panel (the colour bar on the
+    right). Returns the figure."""
     import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize
 
     fig, axes = plt.subplots(len(engines), 1, figsize=(7, 1.2 + 0.16 * len(request_ids) * len(engines)),
                              sharex=True, squeeze=False)
+    lines = {name: timeline(engine.history, request_ids) for name, engine in engines.items()}
+    most = max([int(t["tokens"].max()) for t in lines.values() if len(t["tokens"])] + [2])
+    norm = Normalize(vmin=1, vmax=most)
     for ax, (name, engine) in zip(axes[:, 0], engines.items()):
-        t = timeline(engine.history, request_ids)
+        t = lines[name]
         decode, prefill = t["tokens"] == 1, t["tokens"] > 1
         ax.scatter(t["step"][decode], t["row"][decode], s=3, marker="s", color="0.45", label="decode (1 token)")
-        ax.scatter(t["step"][prefill], t["row"][prefill], s=16, marker="D", c=t["tokens"][prefill], cmap="viridis",
-                   label="prefill")
+        marks = ax.scatter(t["step"][prefill], t["row"][prefill], s=16, marker="D", c=t["tokens"][prefill],
+                           cmap="viridis", norm=norm, label="prefill")
         ax.set_yticks(range(len(request_ids)), request_ids, fontsize=6)
         ax.invert_yaxis()
         ax.set_title(f"{name}: {len(engine.history)} steps", fontsize=9)
     axes[0, 0].legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("engine step")
     fig.tight_layout()
+    fig.colorbar(marks, ax=axes[:, 0].tolist(), label="prefill tokens in the step", fraction=0.03, pad=0.02)
     return fig
 
 
@@ -97,6 +103,22 @@ def run_policy(model, trace, policy: str, clock=None, **engine_options) -> Engin
     engine = Engine(model, policy=policy, clock=StepCost() if clock is None else clock, **engine_options)
     engine.run(trace)
     return engine
+
+
+def fit_step_cost(engines: Iterable[Engine]) -> StepCost:
+    """The StepCost that best fits the measured steps of `engines` (run with clock="measured"): least squares
+    of each step's seconds on (1, tokens computed, sequences in the batch), negative terms set to 0. Replaying
+    a trace on it predicts what the measured clock gives on this machine (notebook 06, section 2)."""
+    engines = list(engines)
+    for e in engines:
+        check_type("engines", e, Engine, "Engines run with clock='measured'")
+    steps = [h for e in engines for h in e.history]
+    if len(steps) < 3:
+        fail("engines", f"{len(steps)} steps", "at least 3 measured steps to fit 3 terms")
+    x = np.array([[1.0, h["tokens"], len(h["batch"])] for h in steps])
+    y = np.array([h["seconds"] for h in steps])
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    return StepCost(*(max(0.0, float(c)) for c in coef))
 
 
 def sweep(model, rates: Iterable[float], policies: Iterable[str] = POLICIES, n: int = 24, seed: int = 0,
@@ -124,11 +146,15 @@ def plot_sweep(rows: list[dict], latency: str = "E2E ms"):
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
-    for policy in dict.fromkeys(r["policy"] for r in rows):
+    looks = [dict(marker="o", linestyle="-", markersize=5, linewidth=1.5),
+             dict(marker="s", linestyle="-", markersize=10, linewidth=5, alpha=0.35),  # a wide pale band, so that
+             dict(marker="x", linestyle=":", markersize=7, linewidth=1.5)]           # a curve drawn on it shows both
+    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in rows)):
         mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["rate"])
         rate, tps, lat = ([r[k] for r in mine] for k in ("rate", "tok/s", latency))
-        left.plot(rate, tps, "o-", label=policy)
-        right.plot(tps, lat, "o-", label=policy)
+        look = looks[i % len(looks)]
+        left.plot(rate, tps, label=policy, color=f"C{i}", **look)
+        right.plot(tps, lat, label=policy, color=f"C{i}", **look)
     left.set(xscale="log", xlabel="request rate (req/s)", ylabel="output tokens/s")
     right.set(xlabel="output tokens/s", ylabel=latency.replace(" ms", " latency (ms)"), yscale="log")
     left.legend(fontsize=8)

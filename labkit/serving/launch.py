@@ -25,21 +25,26 @@ import urllib.error
 import urllib.request
 from typing import Iterable
 
-from .._checks import check_number, check_positive_int
+from .._checks import check_int, check_number, check_positive_int, fail
 from ..paths import ROOT, TINYLM_CHECKPOINT
 
 
 class ServiceProcess:
-    """`python -m labkit.serving --model MODEL --port 0 [args]` running in a child process (MODEL: a TinyLM
-    checkpoint or a release folder): `url` is its OpenAI base URL (http://127.0.0.1:PORT/v1) once /health
-    answered 200; torch runs on `threads` threads (OMP_NUM_THREADS: TinyLM's matmuls are too small to gain from
+    """`python -m labkit.serving --model MODEL --port PORT [args]` running in a child process (MODEL: a TinyLM
+    checkpoint or a release folder; PORT 0: a free one the service picks): `url` is its OpenAI base URL
+    (http://127.0.0.1:PORT/v1) once /health answered 200; torch runs on `threads` threads (OMP_NUM_THREADS: TinyLM's matmuls are too small to gain from
     more, see the notebook). Use it in a `with` block (or call stop() in a finally): the process is stopped
     (SIGTERM, then kill) whatever happens, and its exit code is in `returncode`."""
 
-    def __init__(self, model=TINYLM_CHECKPOINT, args: Iterable[str] = (), timeout: float = 60.0, threads: int = 1):
+    def __init__(self, model=TINYLM_CHECKPOINT, args: Iterable[str] = (), timeout: float = 60.0, threads: int = 1,
+                 port: int = 0):
         check_number("timeout", timeout, low=0.0, low_open=True, unit="s")
+        args = [str(a) for a in args]
+        if "--port" in args or any(a.startswith("--port=") for a in args):
+            fail("args", args, "options without --port (pass port=...)")
+        check_int("port", port, 0, 65535)
         self._log = tempfile.TemporaryFile(mode="w+")
-        cmd = [sys.executable, "-m", "labkit.serving", "--model", str(model), "--port", "0", *map(str, args)]
+        cmd = [sys.executable, "-m", "labkit.serving", "--model", str(model), "--port", str(port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(check_positive_int("threads", threads))}
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=ROOT, env=env)
         self.url = ""
@@ -122,7 +127,7 @@ class ServiceProcess:
 
 
 def start_service(model=TINYLM_CHECKPOINT, args: Iterable[str] = (), timeout: float = 60.0,
-                  threads: int = 1) -> ServiceProcess:
-    """Start `python -m labkit.serving --model MODEL` (a TinyLM checkpoint or a release folder) on a free port
-    and wait until it is healthy (notebook 06, section 6; notebook 07 serves data/tinyvlm with it)."""
-    return ServiceProcess(model, args, timeout, threads)
+                  threads: int = 1, port: int = 0) -> ServiceProcess:
+    """Start `python -m labkit.serving --model MODEL` (a TinyLM checkpoint or a release folder) on `port` (0: a
+    free one) and wait until it is healthy (notebook 06, section 6; notebook 07 serves data/tinyvlm with it)."""
+    return ServiceProcess(model, args, timeout, threads, port)

@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .._checks import check_bool, check_int, check_number, check_positive_int, check_type, fail, is_number
+from .._checks import Refusal, check_bool, check_int, check_number, check_positive_int, check_type, fail, is_number
 from .processor import message_parts, prompt_text
 from .sampling import SamplingParams
 
@@ -53,10 +53,12 @@ FIELD_PATH = re.compile(r"[A-Za-z_]\w*(?:\[\d+\]|\.\w+)*")
 
 
 def refusal(error: Exception, param: str | None = None, default: str | None = None) -> APIError:
-    """A 400 from a labkit refusal ("<name> must be ..., got ..."): `param` when given, else that name (a field
-    path such as messages[0].content[1].type), else `default`."""
+    """A 400 from a labkit refusal (an error raised by labkit._checks.fail, its Refusal attached): `param` when
+    given, else the refused argument's name when it is a request field path (messages[0].content[1].type),
+    else `default`."""
     message = str(error)
-    name = message.split(" must be ", 1)[0] if " must be " in message else None
+    refused = getattr(error, "refusal", None)
+    name = refused.name if isinstance(refused, Refusal) else None
     name = param or (name if name and FIELD_PATH.fullmatch(name) else default)
     code = "invalid_type" if isinstance(error, TypeError) else "invalid_value"
     return APIError(400, message, name, code)

@@ -14,12 +14,36 @@ parallelism every rank holds one ModelRunner over its shard and its own KV heads
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from .._checks import check_positive_int, check_type, fail
 from ..kv_cache import check_block_size, slots_of
 from ..tinylm import TinyLMConfig
 from .batch import PagedBatch, StepInput
+
+
+class Runner(Protocol):
+    """What the Engine needs of a model runner: ModelRunner (this process) and TPRunner (over gloo ranks) are
+    two. num_blocks x block_size is the KV pool it allocated: the engine's block manager is built from it."""
+    cfg: TinyLMConfig
+    num_blocks: int
+    block_size: int
+
+    def execute(self, step: StepInput) -> torch.Tensor: ...
+
+    def close(self) -> None: ...
+
+
+def check_runner(runner) -> "Runner":
+    """`runner` if it has what the Engine needs (Runner), else a TypeError saying what is missing."""
+    missing = [a for a in ("cfg", "num_blocks", "block_size", "execute", "close") if not hasattr(runner, a)]
+    if missing or not isinstance(runner.cfg, TinyLMConfig) or not callable(runner.execute):
+        fail("runner", type(runner).__name__, "a model runner (cfg: TinyLMConfig, num_blocks, block_size, "
+             f"execute(StepInput), close()), e.g. ModelRunner or TPRunner{'; it lacks ' + ', '.join(missing) if missing else ''}",
+             TypeError)
+    return runner
 
 
 def check_pools(pools, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +76,7 @@ class ModelRunner:
         check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig")
         check_positive_int("num_blocks", num_blocks)
         check_block_size(block_size)
-        self.model, self.cfg, self.block_size = model, cfg, block_size
+        self.model, self.cfg, self.num_blocks, self.block_size = model, cfg, num_blocks, block_size
         shape = (cfg.n_layers, cfg.n_kv_heads, num_blocks * block_size, cfg.head_dim)
         if pools is None:
             self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
@@ -107,6 +131,9 @@ class ModelRunner:
         batch = PagedBatch(step, (self.k, self.v), self.block_size)
         logits = self.model(step.tokens[None], batch, **extra)[0]  # [N, V]
         return logits.index_select(0, step.logit_rows()).float()
+
+    def close(self) -> None:
+        """Nothing to stop in this process (the pools go with the object); TPRunner's stops its ranks."""
 
     def nbytes(self) -> int:
         """Bytes of the KV pools (keys + values)."""

@@ -6,6 +6,7 @@ BlockManager owns its blocks, the Scheduler owns the queues it waits in.
        ^                    |   |
        +---preempted: recompute  +--preempted: swap--> SWAPPED --swapped in--> RUNNING
     any state --abort--> FINISHED ("abort");  refused at admission --> FINISHED ("refused")
+    in a step whose forward raised --> FINISHED ("error", error = why): its KV blocks hold no known state
 
 A request with images (lab 07) carries them as `mm` (labkit.serving.mm.MultiModalInput: placeholder ranges of
 the prompt with their features): they stay with the Sequence through preemption, so a recompute feeds them again.
@@ -31,7 +32,7 @@ class Status(str, Enum):
     FINISHED = "finished"
 
 
-FINISH_REASONS = ("stop", "length", "abort", "refused")
+FINISH_REASONS = ("stop", "length", "abort", "refused", "error")
 
 
 class Sequence:

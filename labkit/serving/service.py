@@ -4,9 +4,9 @@
     asyncio (HTTP handlers)                       processor thread (the only caller of the Processor)
     await service.process(kind, payload)       --> processor.chat / .completion -> Prompt (or the refusal)
                                                   engine thread (the only caller of the Engine)
-    await service.submit(prompt, params, stop) --> command queue --> engine.add_request (refusals come back)
+    await service.submit(prompt, params, stop) --> AddRequest --> engine.add_request (refusals come back)
     async for chunk in stream  <-- call_soon_threadsafe <-- engine.step() -> tokens -> TextDecoder -> text
-    stream.abort()  (client gone)               --> command queue --> engine.abort (its blocks are freed)
+    stream.abort()  (client gone)               --> AbortRequest --> engine.abort (its blocks are freed)
 
 The Processor (processor.py) runs on its own thread: a vision-language model's decodes images and runs the
 vision encoder (lab 07), which on the loop would stall every client and on the engine thread every stream.
@@ -33,6 +33,7 @@ import logging
 import queue
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 from .._checks import check_number, check_positive_int, check_type, fail
@@ -46,6 +47,31 @@ log = logging.getLogger("labkit.serving")
 
 COUNTERS = ("admitted", "prompt_tokens", "generation_tokens", "finished_stop", "finished_length", "finished_abort",
             "finished_error")
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """Admit a request (the engine thread answers on stream.admitted: None, or the refusal)."""
+    stream: RequestStream
+    decoder: TextDecoder
+    token_ids: list[int]
+    params: SamplingParams
+    mm: tuple = ()  # images (labkit.serving.mm.MultiModalInput), lab 07
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """The reader went away: the request leaves the engine (its blocks are freed)."""
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the engine thread (running requests end with an error chunk)."""
+
+
+Command = AddRequest | AbortRequest | Stop
+"""What goes through the command queue to the engine thread (the only caller of the Engine)."""
 
 
 def _run_all(callbacks: list) -> None:
@@ -73,7 +99,7 @@ class Service:
             check_type("processor", processor, Processor, "a Processor (chat(messages), completion(prompt)) or None")
         self._processing = ProcessorThread()
         self.state, self.error, self._engine = "loading", None, None
-        self._commands: queue.Queue = queue.Queue()
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._tracks: dict[str, tuple[RequestStream, TextDecoder]] = {}  # engine thread only
         self._held: dict[str, list[Chunk]] = {}  # engine thread only: chunks waiting for stream_interval tokens
         self._counts = Counter(dict.fromkeys(COUNTERS, 0))
@@ -103,7 +129,7 @@ class Service:
     def stop(self, timeout: float = 30.0) -> None:
         """End the engine thread; requests still running end with an error chunk ("service stopped")."""
         check_number("timeout", timeout, low=0.0, unit="seconds")
-        self._commands.put(("stop",))
+        self._commands.put(Stop())
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._processing.close()
@@ -140,11 +166,11 @@ class Service:
         decoder = TextDecoder(self.tokenizer, tuple(stop))
         rid = f"req-{next(self._ids)}"
         stream = RequestStream(rid, len(ids), asyncio.get_running_loop(),
-                               on_abort=lambda: self._commands.put(("abort", rid)))
+                               on_abort=lambda: self._commands.put(AbortRequest(rid)))
         with self._lock:
             if self.state != "ready":
                 raise self._unavailable()
-            self._commands.put(("add", stream, decoder, ids, params, mm))
+            self._commands.put(AddRequest(stream, decoder, ids, params, tuple(mm)))
         try:
             error = await stream.admitted
         except asyncio.CancelledError:  # the client left before admission
@@ -175,7 +201,7 @@ class Service:
         while self.state == "ready":
             cmd = self._next_command() if engine.has_unfinished() else self._commands.get()  # idle: block
             while cmd is not None:
-                if cmd[0] == "stop":
+                if isinstance(cmd, Stop):
                     self._set_state("stopped")
                     break
                 self._handle(cmd)
@@ -189,23 +215,24 @@ class Service:
         with self._lock:  # no request gets queued after this: _shutdown / _drain_after_failure see them all
             self.state, self.error = state, error or self.error
 
-    def _next_command(self):
+    def _next_command(self) -> Command | None:
         try:
             return self._commands.get_nowait()
         except queue.Empty:
             return None
 
-    def _handle(self, cmd) -> None:
-        if cmd[0] == "abort":
-            return self._drop(cmd[1])
-        _, stream, decoder, ids, params, mm = cmd
+    def _handle(self, cmd: AddRequest | AbortRequest) -> None:
+        if isinstance(cmd, AbortRequest):
+            return self._drop(cmd.request_id)
+        stream, ids = cmd.stream, cmd.token_ids
         try:  # mm= only with images: a text engine's add_request need not know it
-            self._engine.add_request(ids, params=params, request_id=stream.request_id, **({"mm": mm} if mm else {}))
+            self._engine.add_request(ids, params=cmd.params, request_id=stream.request_id,
+                                     **({"mm": cmd.mm} if cmd.mm else {}))
         except (ValueError, TypeError) as e:
             return self._admit(stream, e)
         except Exception as e:  # noqa: BLE001 - not a refusal: report it as an internal error
             return self._admit(stream, RuntimeError(f"engine failed to admit the request: {type(e).__name__}"))
-        self._tracks[stream.request_id] = (stream, decoder)
+        self._tracks[stream.request_id] = (stream, cmd.decoder)
         self._counts["admitted"] += 1
         self._counts["prompt_tokens"] += len(ids)
         self._admit(stream, None)
@@ -312,6 +339,6 @@ class Service:
     def _drain_after_failure(self) -> None:
         """Refuse requests still queued (the service failed to load, or stopped)."""
         while (cmd := self._next_command()) is not None:
-            if cmd[0] == "add":
-                self._admit(cmd[1], ServiceUnavailable(self.state, f"the service is {self.state}"))
+            if isinstance(cmd, AddRequest):
+                self._admit(cmd.stream, ServiceUnavailable(self.state, f"the service is {self.state}"))
         self._publish()

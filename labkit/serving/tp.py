@@ -18,13 +18,12 @@ rank, and the TPRunner is closed from then on, saying why. Swapped-out KV blocks
 memory (its own KV heads), as in vLLM.
 
     runner = TPRunner(model, tp=2, num_blocks=256, block_size=16)   # or tp_engine(model, 2, ...)
-    engine = Engine(runner=runner)                                  # the engine does not change
+    engine = Engine(runner=runner)                 # the engine does not change; its blocks are the runner's
     runner = TPRunner.from_builder(build, (folder,), cfg, 2, 256, 16)  # build(rank, world, folder) on each rank
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import os
 from typing import Callable
@@ -32,10 +31,12 @@ from typing import Callable
 import torch
 
 from .._checks import check_positive, check_positive_int, check_type, fail
+from ..kv_cache import check_block_size
 from ..parallel import Pool, RankError, tensor
 from ..tinylm import TinyLM, TinyLMConfig
 from .batch import StepInput
-from .engine import Engine, default_num_blocks
+from .config import EngineConfig
+from .engine import Engine
 from .runner import ModelRunner
 
 _RUNNERS: dict[str, ModelRunner] = {}
@@ -109,7 +110,7 @@ class TPRunner:
     def _start(self, build, build_args, cfg, tp, num_blocks, block_size, pool, timeout) -> None:
         self.cfg, self.tp = cfg, tp
         self.num_blocks = check_positive_int("num_blocks", num_blocks)
-        self.block_size = check_positive_int("block_size", block_size)
+        self.block_size = check_block_size(block_size)
         self.timeout = check_positive("timeout", timeout, unit="seconds")
         self.id = f"tp-{os.getpid()}-{next(_IDS)}"
         self.owns_pool = pool is None
@@ -165,44 +166,39 @@ class TPRunner:
         return f"TPRunner(tp={self.tp}, num_blocks={self.num_blocks}, block_size={self.block_size}, {state})"
 
 
-_ENGINE = inspect.signature(Engine).parameters  # the engine's own defaults, read rather than copied
-
-
-def tp_engine(model: TinyLM, tp: int, *, pool: Pool | None = None, timeout: float = 30, **engine_kwargs) -> Engine:
-    """An Engine whose model runs over `tp` gloo ranks (a TPRunner with the engine's num_blocks and
-    block_size, defaulting as Engine's do); tp 1 is a plain Engine(model). The other keywords go to Engine.
-    Close it with engine.runner.close() (tp > 1)."""
+def tp_engine(model: TinyLM, tp: int, *, pool: Pool | None = None, timeout: float = 30,
+              config: EngineConfig | None = None, **options) -> Engine:
+    """An Engine whose model runs over `tp` gloo ranks (a TPRunner allocating the pool the EngineConfig
+    resolves to); tp 1 is a plain Engine(model). config / options: the Engine's (EngineConfig's fields).
+    Close it with engine.close()."""
     if not isinstance(model, TinyLM):
         fail("model", type(model).__name__, "a TinyLM", TypeError)
     tp = tensor.check_tp(model.cfg, tp)
     if tp == 1:
         if pool is not None:
             fail("pool", pool, "None with tp=1 (the model runs in this process)")
-        return Engine(model, **engine_kwargs)
-    return _over_ranks(model.cfg, lambda n, b: TPRunner(model, tp, n, b, pool, timeout), engine_kwargs)
+        return Engine(model, config=config, **options)
+    return _over_ranks(model.cfg, lambda n, b: TPRunner(model, tp, n, b, pool, timeout),
+                       EngineConfig.build(config, **options))
 
 
 def built_tp_engine(build: Callable, build_args: tuple, cfg: TinyLMConfig, tp: int, *, pool: Pool | None = None,
-                    timeout: float = 30, **engine_kwargs) -> Engine:
+                    timeout: float = 30, config: EngineConfig | None = None, **options) -> Engine:
     """tp_engine for ranks that build their own shard (TPRunner.from_builder; lab 07's service loads each
     rank's slices from the release on that rank). tp must be > 1: one process needs no ranks."""
     if tensor.check_tp(check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig"), tp) == 1:
         fail("tp", tp, "> 1 (with tp=1 build the model in this process: Engine(model))")
     return _over_ranks(cfg, lambda n, b: TPRunner.from_builder(build, build_args, cfg, tp, n, b, pool, timeout),
-                       engine_kwargs)
+                       EngineConfig.build(config, **options))
 
 
-def _over_ranks(cfg: TinyLMConfig, make_runner: Callable, engine_kwargs: dict) -> Engine:
-    """An Engine over make_runner(num_blocks, block_size), with the engine's defaults for both; the runner is
-    closed if the Engine refuses its options."""
-    block_size = engine_kwargs.get("block_size", _ENGINE["block_size"].default)
-    num_blocks = engine_kwargs.get("num_blocks")
-    if num_blocks is None:
-        num_blocks = default_num_blocks(cfg, engine_kwargs.get("max_num_seqs", _ENGINE["max_num_seqs"].default),
-                                        check_positive_int("block_size", block_size))
-    runner = make_runner(num_blocks, block_size)
+def _over_ranks(cfg: TinyLMConfig, make_runner: Callable, config: EngineConfig) -> Engine:
+    """An Engine over make_runner(num_blocks, block_size), the pool `config` resolves to for `cfg` (checked
+    before any process starts); the runner is closed if the Engine cannot be built."""
+    config = config.resolve(cfg)
+    runner = make_runner(config.num_blocks, config.block_size)
     try:
-        return Engine(runner=runner, **{**engine_kwargs, "num_blocks": num_blocks})
+        return Engine(runner=runner, config=config)
     except BaseException:
         runner.close()
         raise

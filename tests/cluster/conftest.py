@@ -86,8 +86,8 @@ def heartbeats(root: str, ids, interval: float = 0.1):
 class FakeReplica:
     """A replica that misbehaves on purpose: mode "503" answers every generation request 503 (OpenAI's body);
     "hang" sends `events` stream events (0: nothing, not even headers) then waits until stop(); "break" sends
-    `events` events then drops the connection mid-body; "inband" sends `events` events, its own in-band error
-    event and [DONE]. `calls` counts generation requests; `left` the callers that hung up while it was hanging
+    `events` events then drops the connection mid-body; "end" sends `events` events and ends its body cleanly
+    without [DONE]; "inband" sends `events` events, its own in-band error event and [DONE]. `calls` counts generation requests; `left` the callers that hung up while it was hanging
     (before its headers or mid-stream)."""
 
     def __init__(self, mode: str, events: int = 0):
@@ -110,6 +110,8 @@ class FakeReplica:
                 yield protocol.sse(reply.chunk(f"t{i} "))
             if self.mode == "break":
                 raise RuntimeError("the fake replica breaks its stream (on purpose)")
+            if self.mode == "end":
+                return
             if self.mode == "inband":
                 yield protocol.sse(protocol.APIError(500, "the fake engine failed", type="server_error").body())
                 yield protocol.sse("[DONE]")

@@ -84,7 +84,15 @@ def _inputs_too(ops, outputs):  # graph inputs and weights given intervals too
         "key before id", "modulo hashing", "always the first"])
 def test_common_mistakes_fail(fn, exercise, capsys):
     assert exercise.check(fn) is exercise.reference  # the notebook goes on with the reference
-    assert capsys.readouterr().out.startswith("[FAIL]")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("[FAIL]")
+    assert lines[:-1] == ([ex.RENDEZVOUS_HINT] if exercise is ex.PREFIX_AFFINITY else [])  # what is hashed
+
+
+def test_the_rendezvous_hint_says_what_is_hashed_but_not_the_rule():
+    hint = ex.RENDEZVOUS_HINT
+    assert "'|'" in hint and "blake2b" in hint and "big-endian" in hint
+    assert not any(word in hint for word in ("max", "highest", "largest", "min", "lowest"))
 
 
 def test_a_stub_is_todo(capsys):

@@ -208,3 +208,18 @@ def test_post_returns_the_status_and_json_of_success_and_errors():
         server.shutdown()
         server.server_close()
     assert_refused(lambda: explore.post(url, "x"), TypeError, "body", "x", "a JSON object")
+
+
+def test_compile_rows_show_every_figure_and_a_dash_where_none_was_measured():
+    from labkit.cluster.compiled import CompileReport
+    eager_only = CompileReport(prompt_tokens=16, new_tokens=48, repeats=4, compiler=None, reason="no compiler",
+                               eager_s=0.1, eager_tokens_per_s=480.0, eager_spread=0.05)
+    rows = explore.compile_rows(eager_only)
+    assert rows[0]["tokens/s"] == "480" and rows[0]["spread"] == "5%"
+    assert all(v == "-" for k, v in rows[1].items() if k != "")
+    full = CompileReport(**{**eager_only.__dict__, "compile_s": 47.81, "compiled_tokens_per_s": 600.4,
+                            "compiled_spread": 0.03, "kernels": 137, "graphs": 6, "graph_breaks": 5,
+                            "max_abs_diff": 1.2e-5})
+    assert explore.compile_rows(full)[1] == {"": "torch.compile", "tokens/s": "600", "spread": "3%",
+                                             "compile s": "47.8", "kernels": "137", "graphs": "6 (5 breaks)",
+                                             "max |logit diff|": "1.2e-05"}

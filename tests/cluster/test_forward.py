@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labkit.cluster.forward import Attempt, Failure, SSEBuffer, Ticket, forward, unavailable
+from labkit.cluster.forward import Attempt, Failure, SSEBuffer, forward, unavailable
 from labkit.cluster.policies import make_policy
 from labkit.cluster.registry import Registry
 from labkit.cluster.router import Router
 from labkit.serving.protocol import APIError
 from tests.cluster.conftest import accounted, fake_replica, local_router, raw_server
+from tests.refusals import assert_refused
 
 
 def test_sse_buffer_cuts_whole_events_and_sees_done_and_errors():
@@ -24,6 +25,9 @@ def test_sse_buffer_cuts_whole_events_and_sees_done_and_errors():
     assert buffer.feed(b'data: {"error": {}}\r\n\r\ndata: [DONE]\n\n') == [b'data: {"error": {}}\n\n',
                                                                         b"data: [DONE]\n\n"]
     assert buffer.done and buffer.error
+    # an event is whole only at its blank line: one newline is not enough, and an event may have several lines
+    assert SSEBuffer().feed(b'data: {"c": 3}\n') == []
+    assert SSEBuffer().feed(b'event: x\ndata: {"c": 3}\n\n') == [b'event: x\ndata: {"c": 3}\n\n']
 
 
 @given(st.lists(st.text("ab{}\" :", max_size=12), min_size=1, max_size=6), st.lists(st.integers(1, 40), max_size=20))
@@ -36,14 +40,16 @@ def test_however_the_bytes_are_cut_the_same_whole_events_come_out(payloads, cuts
     assert out == events and buffer.done
 
 
-def test_a_ticket_is_resolved_once():
-    counters = {"requests": 0, "answered": 0, "failed": 0, "refused": 0, "in_flight": 0}
-    ticket = Ticket(counters)
-    assert counters == {"requests": 1, "answered": 0, "failed": 0, "refused": 0, "in_flight": 1}
+def test_a_ticket_is_resolved_once_through_the_routers_count():
+    router = Router(Registry(), make_policy("round_robin"))
+    ticket = router.ticket()
+    zero = dict.fromkeys(["retried", "inband_errors", "removals"], 0)
+    assert router.counters == {"requests": 1, "answered": 0, "failed": 0, "refused": 0, "in_flight": 1, **zero}
     assert ticket.resolve("answered") and not ticket.resolve("failed")
-    assert counters == {"requests": 1, "answered": 1, "failed": 0, "refused": 0, "in_flight": 0}
+    assert router.counters == {"requests": 1, "answered": 1, "failed": 0, "refused": 0, "in_flight": 0, **zero}
     with pytest.raises(ValueError, match="outcome must be one of"):
         ticket.resolve("lost")
+    assert_refused(lambda: router.count(lost=1), ValueError, "counter", "lost", "one of ['answered'")
 
 
 async def attempt_at(url: str, action=None):
@@ -119,7 +125,7 @@ def test_a_stopping_router_ends_its_forwards_as_failed_and_retries_none():
         await router.start()
         for fake in fakes:
             router.registry.register(fake.url, "tinylm")
-        ticket = Ticket(router.counters)
+        ticket = router.ticket()
         body = {"model": "tinylm", "prompt": "x"}
         task = asyncio.ensure_future(forward(router, None, "/completions", json.dumps(body).encode(), body,
                                              "tinylm", ticket))

@@ -188,6 +188,21 @@ def test_every_replica_failing_is_a_503_naming_each_then_a_good_one_serves(share
         assert accounted(lr.router.stats())
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("retries", [0, 1])
+def test_retries_stop_at_the_cap_even_with_replicas_left(retries):
+    """Three replicas that all answer 503: a request is sent to 1 + retries of them, never more."""
+    with fake_replica("503") as a, fake_replica("503") as b, fake_replica("503") as c, \
+            local_router(heartbeat_timeout=60.0, retries=retries) as lr:
+        for fake in (a, b, c):
+            lr.register(fake.url)
+        with pytest.raises(openai.APIStatusError) as info:
+            lr.client().completions.create(prompt="1+1=", max_tokens=2, **GREEDY)
+        assert info.value.status_code == 503 and f"({1 + retries} tried, retries={retries})" in info.value.message
+        assert a.calls + b.calls + c.calls == 1 + retries and lr.router.counters["retried"] == retries
+        assert accounted(settled(lr.router))
+
+
 @pytest.mark.timeout(120)
 def test_a_dead_replica_is_marked_down_and_the_request_retried(shared):
     with local_router(heartbeat_timeout=60.0) as lr:
@@ -213,6 +228,22 @@ def test_a_stream_broken_after_its_first_event_ends_in_band(shared):
         assert stats["inband_errors"] == 1 and stats["failed"] == 1 and stats["retried"] == 0 and accounted(stats)
         assert lr.replicas()[0]["state"] == "down"  # the broken connection marks it down
         assert complete(lr.client(), "4+4=")  # the next request goes to the good one
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_that_ends_early_ends_in_band_and_leaves_its_replica_up():
+    """The replica closed its body cleanly before [DONE] (its connection is fine): the client gets an in-band
+    error, and the replica is not marked down (only a broken connection does that)."""
+    with fake_replica("end", events=2) as fake, local_router(heartbeat_timeout=60.0) as lr:
+        lr.register(fake.url)
+        seen = []
+        with pytest.raises(openai.APIError, match="closed the stream before"):
+            for chunk in lr.client().completions.create(prompt="1+1=", max_tokens=8, stream=True, **GREEDY):
+                seen.append(chunk.choices[0].text)
+        assert seen == ["t0 ", "t1 "]
+        stats = settled(lr.router)
+        assert stats["inband_errors"] == 1 and stats["failed"] == 1 and accounted(stats)
+        assert lr.replicas()[0]["state"] == "up"
 
 
 @pytest.mark.timeout(60)

@@ -34,10 +34,14 @@ def test_student_notebook_clears_outputs_and_leaves_the_original_alone():
     cell = nbformat.v4.new_code_cell("### BEGIN SOLUTION\nsecret = 42\n### END SOLUTION")
     cell.outputs = [nbformat.v4.new_output("stream", text="42\n")]
     cell.execution_count = 1
+    cell.metadata = {"execution": {"iopub.status.idle": "2026-12-01T10:00:00Z"}, "tags": ["keep"]}
     nb.cells = [cell, nbformat.v4.new_markdown_cell("text")]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     student = classroom.student_notebook(nb)
     assert student["cells"][0]["source"] == classroom.STUB + "\n"
     assert student["cells"][0]["outputs"] == [] and student["cells"][0]["execution_count"] is None
+    assert student["cells"][0]["metadata"] == {"tags": ["keep"]} and "widgets" not in student["metadata"]
+    assert "execution" in nb.cells[0].metadata and "widgets" in nb.metadata
     assert nb.cells[0].outputs and "secret" in nb.cells[0].source
 
 
@@ -119,6 +123,15 @@ def _edit(path):
     nb["cells"][0]["source"] = "def f():\n    return 1  # my answer\n"
     path.write_text(json.dumps(nb, indent=2))
     return path.read_bytes()
+
+
+def test_student_notebooks_carry_no_trace_of_the_instructors_run(student_dir):
+    for src in NOTEBOOKS:
+        nb = json.loads((student_dir / src.name).read_text())
+        assert "widgets" not in nb["metadata"], src.name
+        for i, cell in enumerate(nb["cells"]):
+            left = set(cell.get("metadata", {})) & set(classroom.RUN_METADATA)
+            assert not left and not cell.get("outputs") and cell.get("execution_count") is None, (src.name, i)
 
 
 def test_student_notebooks_carry_their_lab_and_version(student_dir):

@@ -26,7 +26,7 @@ def test_machine_info():
 
 
 def test_setup_checks_version(capsys):
-    env.setup(min_version="0.1.0", seed=0)
+    env.setup(min_version="0.1.0", seed=0, threads=None)
     assert capsys.readouterr().out.strip() == f"labkit {labkit.__version__} ready; seed 0"
     import pytest
     with pytest.raises(RuntimeError, match="needs labkit >= 99.0.0"):
@@ -41,3 +41,24 @@ def test_show_prints_the_reference_source(capsys):
     labkit.show(env.total_memory_bytes)
     out = capsys.readouterr().out
     assert out.startswith("def total_memory_bytes() -> int | None:") and "SC_PHYS_PAGES" in out
+
+
+def test_setup_sets_one_torch_thread_by_default():
+    import pytest
+    import torch
+    before = torch.get_num_threads()
+    try:
+        env.setup()
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(before)
+        env.setup(threads=None)
+        assert torch.get_num_threads() == before
+        with pytest.raises(ValueError, match=r"threads must be an int in \[1, \d+\] \(torch threads: .*got 0"):
+            env.setup(threads=0)
+        with pytest.raises(ValueError, match="threads must be an int in .*got 100000"):
+            env.setup(threads=100_000)
+        with pytest.raises(TypeError, match="threads must be an int in .*got 1.5"):
+            env.setup(threads=1.5)
+        assert torch.get_num_threads() == before  # a refused call changes nothing
+    finally:
+        torch.set_num_threads(before)

@@ -57,6 +57,16 @@ def test_rank_slices_are_torch_chunks(a, b, tp, style):
         assert loading.slice_bytes(tuple(w.shape), spec, 4) == want.numel() * 4
 
 
+@pytest.mark.parametrize("rank, tp, name, error, expected", [
+    (2, 2, "rank", ValueError, "an int in [0, 1]"), (-1, 2, "rank", ValueError, "an int in [0, 1]"),
+    (0, 0, "tp", ValueError, "a positive int"), (0.5, 2, "rank", TypeError, "an int in [0, 1]")])
+def test_a_rank_outside_the_group_is_refused(rank, tp, name, error, expected):
+    """Issue 26: rank_slice((8, 4), "column", rank=2, tp=2) returned slice(8, 12), past the tensor."""
+    for style in ("column", "row", "replicated"):
+        assert_refused(lambda: loading.rank_slice((8, 4), style, rank, tp), error, name, rank if name == "rank" else tp,
+                       expected)
+
+
 def rank_parts(folder, tp, **kw):
     return [loading.load_rank(folder, r, tp, **kw) for r in range(tp)]
 

@@ -42,12 +42,25 @@ def test_every_row_names_its_lab_and_ranks_are_rows():
     assert [r["line"] for r in rows if r["line"].startswith("memory")] == ["memory rank 0 (MB)", "memory rank 1 (MB)"]
     by_line = {r["line"]: r for r in rows}
     assert by_line["memory rank 1 (MB)"]["from"] == LABS["memory"] and "lab 01 footprint" in LABS["memory"]
-    assert by_line["layout"]["from"] == "lab 04 planner"
-    assert by_line["TTFT same image again (ms)"]["reference"] == pytest.approx(34.5678)
+    assert by_line["layout"]["from"] == LABS["layout"] and by_line["layout"]["against"] == "-"
+    assert by_line["TTFT same image again (ms)"]["against"] == pytest.approx(34.5678)
     assert "lab 05 prefix cache" in by_line["TTFT image (ms)"]["from"]
     assert [r["line"] for r in rows if r["line"].startswith("accuracy")] == [
         "accuracy colour (%)", "accuracy shape (%)", "accuracy text copy (%)"]  # sorted: stable order
     assert len(report_rows(replace(make(), planned_bytes=[5], measured_bytes=[6]))) == len(rows) - 2
+
+
+def test_every_comparison_names_what_it_is_against():
+    rows = {r["line"]: r for r in report_rows(make(ttft_image_repeat_s=0.01, planned_layout="TP=1 DP=2"))}
+    assert rows["layout"]["this run"] == "TP=2" and rows["layout"]["against"] == "TP=1 DP=2"
+    assert "planner's first choice" in rows["layout"]["against what"]
+    assert rows["memory rank 0 (MB)"]["against what"] == "planned"
+    assert "serial" in rows["load bf16, threaded (s)"]["against what"]
+    assert "first request" in rows["TTFT same image again (ms)"]["against what"]
+    assert "FP32" in rows["accuracy colour (%)"]["against what"]
+    assert all((r["against"] == "-") == (r["against what"] == "-") for r in rows.values())
+    assert "TP=1 DP=2" in day0_report(make(planned_layout="TP=1 DP=2"))
+    assert_refused(lambda: make(planned_layout=""), TypeError, "planned_layout", "", "None or a non-empty str")
 
 
 def test_an_unreliable_comparison_never_reaches_the_report_as_a_figure():

@@ -1,5 +1,7 @@
 """Notebook 05's exercises: each reference passes its own check, wrong answers fail it, a stub gets the
 reference, and the notebook's solutions (written out here independently, as a learner would) pass."""
+import re
+
 import pytest
 import torch
 
@@ -57,3 +59,19 @@ def test_random_cases_are_valid_inputs():
         pool, table, length, bs = ex.random_gather_case(rng)
         assert pool.shape[1] % bs == 0 and (len(table) - 1) * bs < length <= len(table) * bs
         assert len(set(table)) == len(table) and max(table) < pool.shape[1] // bs
+
+
+def test_a_gather_fail_line_is_enough_to_redo_the_case(capsys):
+    def wrong_on_one_head(pool, table, n, bs):  # passes the fixed case (2 heads), fails a random one
+        return gather(pool, table, n, bs) + (pool.shape[0] == 1)
+    assert ex.PAGED_GATHER.check(wrong_on_one_head) is ex.PAGED_GATHER.reference
+    line = capsys.readouterr().out
+    m = re.match(r"\[FAIL\] \w+\(tensor\(shape \[(\d+), (\d+), (\d+)\], float32\), (\[[\d, ]*\]), (\d+), (\d+)\) "
+                 r"returned .* at index \((\d+), (\d+), (\d+)\): ([\d.]+), expected ([\d.]+)", line)
+    assert m, line
+    heads, slots, dim, table, length, bs, *where, got, expected = m.groups()
+    pool = ex.index_pool(int(heads), int(slots), int(dim))
+    redone = ex.PAGED_GATHER.reference(pool, eval(table), int(length), int(bs))
+    assert redone[tuple(map(int, where))].item() == float(expected) == float(got) - 1
+    with pytest.raises(ValueError, match="slots must be"):
+        ex.index_pool(2, 0, 4)

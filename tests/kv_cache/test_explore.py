@@ -1,5 +1,7 @@
 """The pictures: pool_picture agrees with the manager, the story runs through every state, the widget and its
 static fallback, and the plots draw the rows they are given."""
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -49,3 +51,9 @@ def test_plots_draw_their_rows():
     rows = waste.block_size_sweep(trace, (1, 4, 16))
     fig = explore.plot_block_sweep(rows, "t")
     assert [list(line.get_xdata()) for line in fig.axes[0].lines] == [[1, 4, 16]] * 2
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    empty = ax.lines[0]
+    assert empty.get_ydata()[0] == 0  # block size 1 wastes nothing: its point must still be on the axis
+    x0, y0 = ax.transData.transform((1, 0))
+    assert all(map(math.isfinite, (x0, y0))) and ax.get_ylim()[0] <= 0

@@ -105,3 +105,47 @@ def test_nearest_miss_is_the_smallest_memory_excess():
     assert miss.reason.startswith("needs ")
     assert sum(miss.memory.values()) == min(sum(p.memory.values()) for p in plans if p.memory)
     assert miss is not plans[0] and pl.nearest_miss([]) is None
+
+
+@pytest.mark.parametrize("name", ["tp", "pp", "ep"])
+def test_a_degree_below_one_is_refused_by_name(name):
+    spec, cl, wl = model("moe-3t"), pl.Cluster(1), pl.Workload()
+    degrees = {"tp": 1, "pp": 1, "ep": 1}
+    for bad in (0, -2):
+        assert_refused(lambda: pl.estimate(spec, cl, wl, **{**degrees, name: bad}), ValueError, name, bad,
+                       "a positive int")
+
+
+def test_kv_cache_is_split_over_at_most_the_kv_heads():
+    """TinyLM has 2 KV heads: at TP=4 each KV head is held by 2 ranks, so the cache is split 2 ways, not 4."""
+    spec, cl, wl = model("tinylm"), pl.Cluster(1), pl.Workload(batch=1, context=64)
+    assert spec.n_kv_heads == 2
+    per_sequence = 64 * 2 * spec.n_layers * 2 * spec.head_dim * 2  # K and V, 2 heads, BF16
+    assert pl.estimate(spec, cl, wl, 2, 1, 1).memory["kv_cache"] == pytest.approx(per_sequence / 2)
+    assert pl.estimate(spec, cl, wl, 4, 1, 1).memory["kv_cache"] == pytest.approx(per_sequence / 2)
+
+
+def test_ep_splits_only_the_routed_experts():
+    """By hand for DeepSeek-V3 at TP=4: the dense part (attention, embeddings, shared experts, dense layers,
+    routers) is cut 4 ways whatever EP is; each routed expert lives on one EP group, cut 4 ways inside it."""
+    spec, cl, wl = model("deepseek-v3"), pl.Cluster(4), pl.Workload(batch=8, context=1024)
+    routed = spec.moe_layers * spec.n_experts * 3 * spec.d_model * spec.moe_d_ff  # SwiGLU: 3 matrices
+    dense = spec.n_params - routed
+    for ep in (1, 8):
+        p = pl.estimate(spec, cl, wl, 4, 1, ep)
+        assert p.memory["weights"] == pytest.approx((dense / 4 + routed / (4 * ep)) * 2)
+
+
+def test_a_layout_that_does_not_fit_is_never_the_best_tp():
+    """812 GB of BF16 Llama-3.1-405B weights do not fit 8 x 80 GB: no degree is the best; on 8 H200s TP=8 is."""
+    spec = model("llama-3.1-405b")
+    assert spec.n_params * 2 > 8 * 80e9
+    assert not any(pl.tp_fits(spec, "h100-sxm", t) for t in (1, 2, 4, 8))
+    assert pl.best_decode_tp(spec, "h100-sxm", "nvlink4") is None
+    assert pl.tp_fits(spec, "h200", 8) and not pl.tp_fits(spec, "h200", 4)
+    assert pl.best_decode_tp(spec, "h200", "nvlink4") == 8
+    spec70 = model("llama-3-70b")  # 141 GB: TP=1 does not fit 80 GB, and the fastest fitting degree wins
+    assert not pl.tp_fits(spec70, "h100-sxm", 1) and pl.tp_fits(spec70, "h100-sxm", 2)
+    times = {t: pl.tp_decode_seconds(spec70, "h100-sxm", "nvlink4", t) for t in (2, 4, 8)}
+    assert pl.best_decode_tp(spec70, "h100-sxm", "nvlink4") == min(times, key=times.get)
+    assert pl.best_decode_tp(spec70, "h100-sxm", "nvlink4", tps=(1,)) is None

@@ -223,6 +223,16 @@ def test_bad_input_gets_openai_error_body(server, endpoint, body, status, param,
     assert error["message"] and "Traceback" not in r.text
 
 
+def test_a_refused_prompt_is_worded_for_the_request_that_sent_it(server):
+    """The engine refuses its "prompt"; a chat request has no prompt field, so its 400 says "messages"."""
+    for endpoint, body, field in [("chat/completions", {"messages": [{"role": "user", "content": "a" * 300}]},
+                                   "messages"), ("completions", {"prompt": "a" * 300}, "prompt")]:
+        r = httpx.post(f"{server[1].url}/v1/{endpoint}", json={"model": MODEL, **body})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == field, r.text
+        assert error["message"].startswith(f"{field} must be at most "), error["message"]
+
+
 def test_the_service_still_answers_after_bad_input(server, client, model, tok):
     for body in (b"{", b'{"model": "tinylm", "prompt": "a", "max_tokens": 9999}'):
         assert httpx.post(server[1].url + "/v1/completions", content=body).status_code == 400

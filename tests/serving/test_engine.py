@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from labkit.kv_cache import LargerThanPoolError
-from labkit.serving import Engine, SamplingParams, StepCost, Status
+from labkit.serving import Engine, EngineConfig, ModelRunner, SamplingParams, StepCost, Status
 from labkit.tinylm import generate
 from tests.refusals import assert_refused
 
@@ -199,3 +199,67 @@ def test_the_naive_image_cache_is_a_flag_of_the_engine(model):
     assert Engine(model, clock=StepCost()).block_manager.hash_mm
     assert not Engine(model, clock=StepCost(), hash_mm=False).block_manager.hash_mm
     assert_refused(lambda: Engine(model, hash_mm="no"), TypeError, "hash_mm", "no", "True or False")
+
+
+@pytest.mark.parametrize("num_blocks, block_size", [(64, 8), (64, 32), (1024, 8), (8, 16)])
+def test_an_engine_over_a_runner_uses_the_runners_pool(model, prompts, num_blocks, block_size):
+    """Issue 26: the engine built its block manager from its own defaults (512 blocks of 16) whatever pool the
+    runner had allocated: 0 of 6 outputs right, or an IndexError past the pool."""
+    engine = Engine(runner=ModelRunner(model, num_blocks, block_size), clock=StepCost())
+    assert (engine.block_manager.num_blocks, engine.block_manager.block_size) == (num_blocks, block_size)
+    assert (engine.config.num_blocks, engine.config.block_size) == (num_blocks, block_size)
+    some = prompts[:6]
+    long = SamplingParams(max_tokens=30, temperature=0)
+    assert engine.generate(some, long) == [generate(model, p, 30) for p in some]
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_a_config_that_disagrees_with_the_runners_pool_is_refused(model):
+    runner = ModelRunner(model, 64, 8)
+    assert_refused(lambda: Engine(runner=runner, num_blocks=512), ValueError, "num_blocks", 512,
+                   "the runner's pool (64 blocks of 8 tokens)")
+    assert_refused(lambda: Engine(runner=runner, config=EngineConfig(block_size=16)), ValueError, "block_size", 16,
+                   "the runner's pool (64 blocks of 8 tokens)")
+    assert Engine(runner=runner, num_blocks=64, block_size=8).block_manager.num_blocks == 64
+
+
+class BrokenRunner(ModelRunner):
+    """A ModelRunner whose forward raises on the steps listed in `fail_on` (1-based)."""
+
+    def __init__(self, model, num_blocks, block_size, fail_on):
+        super().__init__(model, num_blocks, block_size)
+        self.fail_on, self.calls = set(fail_on), 0
+
+    def execute(self, step):
+        self.calls += 1
+        if self.calls in self.fail_on:
+            raise IndexError("index_copy_(): index 128 is out of bounds")
+        return super().execute(step)
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_runner_failure_ends_that_steps_requests_and_the_engine_goes_on(model, prompts, preemption):
+    """Issue 26: after a runner's IndexError the requests stayed running with their blocks held and every
+    later step raised again. Now the step's requests end with "error", their blocks are freed, the engine
+    keeps working (also with swapped requests: a small pool forces preemption)."""
+    engine = Engine(runner=BrokenRunner(model, 12, 16, fail_on={6}), preemption=preemption, clock=StepCost())
+    ids = [engine.add_request(p, GREEDY) for p in prompts[:6]]
+    with pytest.raises(IndexError):
+        engine.run_until_done()
+    failed = [engine.get(i) for i in ids if engine.get(i).finish_reason == "error"]
+    assert failed and all("IndexError" in s.error for s in failed)
+    engine.run_until_done()  # the others go on
+    assert all(engine.get(i).finished for i in ids)
+    for i, p in zip(ids, prompts[:6]):
+        if engine.get(i).finish_reason != "error":
+            assert engine.get(i).output == generate(model, p, GREEDY.max_tokens)
+    assert engine.block_manager.num_used_blocks == 0 and engine.runner.host == {}
+    assert engine.generate([prompts[0]], GREEDY) == [generate(model, prompts[0], GREEDY.max_tokens)]
+
+
+def test_generate_takes_its_requests_out_when_a_step_fails(model, prompts):
+    engine = Engine(runner=BrokenRunner(model, 64, 16, fail_on={2}), clock=StepCost())
+    with pytest.raises(IndexError):
+        engine.generate(prompts[:6], GREEDY)
+    assert engine.requests == {} and not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
+    assert engine.generate(prompts[:2], GREEDY) == [generate(model, p, GREEDY.max_tokens) for p in prompts[:2]]

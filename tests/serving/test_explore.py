@@ -73,6 +73,24 @@ def test_timeline_agrees_with_the_history(model, trace):
     fig = explore.plot_timeline({"chunked": engine}, ids)
     points = np.concatenate([c.get_offsets() for c in fig.axes[0].collections])
     assert sorted(map(tuple, points.tolist())) == sorted(zip(t["step"].tolist(), t["row"].tolist()))
+    bar = fig.axes[-1]  # the colour bar: the prefill tokens' scale, from 1 to the largest prefill
+    assert "prefill tokens" in bar.get_ylabel() and bar.get_ylim() == (1, t["tokens"].max())
+
+
+def test_fit_step_cost_recovers_the_clock_it_was_run_on(model, trace):
+    """Steps timed by a known StepCost give that StepCost back (the fit's terms are its three columns)."""
+    cost = StepCost(overhead=3e-3, per_token=4e-5, per_seq=1.5e-4)
+    engines = [explore.run_policy(model, trace, p, max_num_seqs=3) for p in ("static", "continuous")]
+    for e in engines:
+        for h in e.history:
+            h["seconds"] = cost.seconds(h["tokens"], len(h["batch"]))
+    fitted = explore.fit_step_cost(engines)
+    assert all(math.isclose(getattr(fitted, k), getattr(cost, k), rel_tol=1e-6)
+               for k in ("overhead", "per_token", "per_seq"))
+    with pytest.raises(ValueError, match="engines"):
+        explore.fit_step_cost([Engine(model, clock=StepCost())])
+    with pytest.raises(TypeError, match="engines"):
+        explore.fit_step_cost(["not an engine"])
 
 
 def test_sweep_rows_are_the_engines_numbers_and_the_plot_draws_them(model):

@@ -1,4 +1,5 @@
 """launch: `python -m labkit.serving` as a child process, started until healthy and always stopped."""
+import socket
 import urllib.request
 
 import pytest
@@ -34,3 +35,17 @@ def test_a_folder_that_is_not_a_release_is_reported(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 2.*model_type must be one of \['tinyvlm'\]"):
         start_service(tmp_path, timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_the_port_is_an_argument_not_a_second_option():
+    """Notebook 07 showed `--port 0 ... --port 53561`: the port is start_service(port=...), and --port among the
+    options is refused before any process starts."""
+    assert_refused(lambda: start_service(args=["--port", "8000"]), ValueError, "args", ["--port", "8000"],
+                   "options without --port")
+    assert_refused(lambda: start_service(port=70000), ValueError, "port", 70000, "an int in [0, 65535]")
+    with socket.socket() as s:  # a port free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with start_service(port=port, timeout=90) as service:
+        assert service.url == f"http://127.0.0.1:{port}/v1"

@@ -6,6 +6,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from labkit._checks import fail
 from labkit.serving.protocol import CHAT_STOP, DEFAULT_ONLY, APIError, Reply, parse_body, parse_request, refusal, sse
 from labkit.serving.sampling import SamplingParams
 
@@ -53,16 +54,25 @@ def test_chat_messages_are_checked_and_passed_on_whole():
         assert (info.value.status, info.value.param) == (400, param)
 
 
-def test_refusals_name_their_argument():
-    e = refusal(ValueError("max_tokens must be <= 250, got 300"))
+def refused(call) -> Exception:
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+def test_refusals_name_their_argument_from_the_refusal_they_carry():
+    e = refusal(refused(lambda: fail("max_tokens", 300, "<= 250")))
     assert (e.status, e.param, e.code, e.body()["error"]["message"]) == (400, "max_tokens", "invalid_value",
                                                                          "max_tokens must be <= 250, got 300")
-    assert refusal(TypeError("the pool is full")).param is None
+    assert refusal(refused(lambda: fail("n", "2", "an int", TypeError))).code == "invalid_type"
+    # the name is data, never parsed from the text: a message that merely looks like a refusal names nothing
+    assert refusal(ValueError("max_tokens must be <= 250, got 300")).param is None
+    assert refusal(TypeError("the pool is full"), default="prompt").param == "prompt"
     assert refusal(TypeError("x must be y, got z")).code == "invalid_type"
-    assert refusal(ValueError("messages[0].content[1].type must be x, got y"), default="messages").param == \
-        "messages[0].content[1].type"  # the field the message names, else the default
+    assert refusal(refused(lambda: fail("messages[0].content[1].type", "y", "x")), default="messages").param == \
+        "messages[0].content[1].type"  # the field the refusal names, else the default
     assert refusal(ValueError("the image is broken"), default="messages").param == "messages"
-    assert refusal(ValueError("a.b must be x, got y"), "a").param == "a"
+    assert refusal(refused(lambda: fail("a.b", "y", "x")), "a").param == "a"
     with pytest.raises(APIError, match="invalid JSON"):
         parse_body(b"{'single': 'quotes'}")
     assert parse_body(b'{"a": 1}') == {"a": 1}

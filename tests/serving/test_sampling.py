@@ -92,6 +92,11 @@ def test_hand_built_cases():
     # (vLLM V1's order) would renormalise to 0.95 and top-p would keep two: the order matters.
     got = probabilities(logits, SamplingParams(top_p=0.82, min_p=0.2))
     np.testing.assert_allclose(got.numpy(), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0], atol=1e-12)
+    # exactly p: 0.5 + 0.25 reaches 0.75, so the set stops there ("reaches", not "exceeds": vLLM and HF keep
+    # the tokens whose mass before them is below p). Powers of two: these sums are exact in float64.
+    exact = torch.tensor([4.0, 2.0, 1.0, 1.0], dtype=torch.float64).log()
+    np.testing.assert_allclose(probabilities(exact, SamplingParams(top_p=0.75)).numpy(), [2 / 3, 1 / 3, 0, 0],
+                               atol=1e-12)
     ties = torch.tensor([1.0, 0.0, 0.0, 0.0])
     assert (probabilities(ties, SamplingParams(top_k=2)) > 0).all()  # tied with the 2nd: all four kept
     assert (probabilities(ties, SamplingParams(top_p=0.5)) > 0).all()  # the crossing token's ties too

@@ -140,6 +140,24 @@ def test_preemption_takes_the_latest_arrival_and_everyone_finishes(small):
         assert engine.stats()["preemptions"] == len(victims) == sum(s.num_preemptions for s in done)
 
 
+@pytest.mark.parametrize("num_blocks", [6, 8, 10])
+def test_every_victim_comes_after_every_request_that_ran_in_its_step(small, num_blocks):
+    """Four requests fill a small pool: whoever reserves, the victims are taken from the END of the order
+    (the latest arrivals here), never the most urgent request that waits behind the one reserving. Recompute:
+    a step that preempts admits nobody, so every request in its batch was running before it (under swap a
+    request swapped in later in the same step may be a later arrival)."""
+    engine = Engine(small, num_blocks=num_blocks, block_size=4, policy="continuous", preemption="recompute",
+                    clock=StepCost(1.0, 0, 0))
+    done = engine.run([Req(f"r{i}", i * 0.1, [5] * 4, 14, 0) for i in range(4)])
+    steps = [h for h in engine.history if h["preempted"]]
+    assert steps and any(len(h["batch"]) >= 3 for h in steps)  # preemption with several requests running
+    arrival = {s.request_id: s.arrival for s in done}
+    for h in steps:
+        ran = [arrival[r] for r, _ in h["batch"]]
+        assert all(arrival[v] > max(ran) for v in h["preempted"]), h
+    assert all(s.num_output_tokens == 14 for s in done)
+
+
 def test_lower_priority_value_runs_first_and_max_wait_bounds_starvation(small):
     def trace():  # one low-priority request at 0, then a high-priority one every step, one running at a time
         return [Req("low", 0.0, [1, 2], 3, 5)] + [Req(f"hi{i}", float(i), [3, 4], 3, 0) for i in range(30)]

@@ -244,3 +244,18 @@ def test_the_service_with_tp_2_answers_as_with_tp_1(tok):
             texts[tp].append("".join(c.choices[0].text for c in stream if c.choices))
         assert service.returncode == 0
     assert all(texts[1]) and texts[2] == texts[1] and texts[1][2] == texts[1][1]
+
+
+@pytest.mark.timeout(120)
+def test_the_modules_example_an_engine_over_a_runner_it_did_not_size(model, some, reference, pool):
+    """Issue 26: labkit.serving.tp's docstring example (a TPRunner of 256 blocks, then Engine(runner=runner))
+    ended in RankError (an IndexError on the ranks): the engine sized its own pool. Also a runner far smaller
+    than the engine's default, which forces preemption."""
+    for num_blocks in (256, 16):
+        runner = TPRunner(model, tp=2, num_blocks=num_blocks, block_size=16, pool=pool)
+        try:
+            engine = Engine(runner=runner)
+            assert engine.block_manager.num_blocks == num_blocks
+            assert engine.generate(some, GREEDY) == reference
+        finally:
+            runner.close()
