@@ -153,7 +153,7 @@ def _split_problem(cfg: TinyVLMConfig, tp: int) -> str:
     try:
         tensor.check_split(cfg.text_config, tp)
     except ValueError as e:
-        expected = str(e).split(" must be ", 1)[1].rsplit(", got ", 1)[0]
+        expected = e.refusal.expected  # labkit._checks.Refusal: the expectation as data
         return re.sub(rf"\b({'|'.join(SPLIT_FIELDS)})=", r"text_config.\1=", expected)
     return ""
 

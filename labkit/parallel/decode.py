@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import check_positive, check_positive_int, check_type
-from ..course import evidence
-from ..course.timing import Timing, measure as measure_seconds
+from ..course import Timing, evidence, measure as measure_seconds
 from ..tinylm import KVCache, TinyLM
 from . import gloo
 from .distributed import Pool

@@ -83,3 +83,10 @@ def test_to_pixels_layout_and_resize():
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_to_pixels_is_the_images_rgb_bytes_channels_first():
+    """Every pixel, against numpy's view of the same image (a random one: a transpose or a flip shows)."""
+    rgb = torch.randint(0, 256, (32, 32, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    img = Image.fromarray(rgb.numpy(), "RGB")
+    assert torch.equal(to_pixels([img])[0], rgb.permute(2, 0, 1).float() / 255)  # [3, H, W]

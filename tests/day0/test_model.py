@@ -113,3 +113,17 @@ def test_the_released_size_fits_the_issue():
     assert any(f.suffix == ".safetensors" for f in files) and sum(f.stat().st_size for f in files) <= 25e6
     n = sum(p.numel() for p in TinyVLM(TinyVLMConfig()).parameters())  # tied lm_head counted once
     assert n * 4 <= sum(f.stat().st_size for f in files if f.suffix == ".safetensors")
+
+
+def test_the_vision_tower_sees_pixels_in_minus_one_to_one():
+    """encode_images takes pixels in [0, 1] (to_pixels) and hands the tower [-1, 1], as it was trained."""
+    vlm = TinyVLM(small_config()).eval()
+    seen = []
+    hook = vlm.vision_tower.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    try:
+        size = vlm.config.vision_config.image_size
+        with torch.no_grad():
+            vlm.encode_images(torch.cat([torch.zeros(1, 3, size, size), torch.ones(1, 3, size, size)]))
+    finally:
+        hook.remove()
+    assert torch.equal(seen[0][0], -torch.ones(3, size, size)) and torch.equal(seen[0][1], torch.ones(3, size, size))

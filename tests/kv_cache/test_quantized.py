@@ -102,3 +102,17 @@ def test_the_quality_sweep_rows_agree_with_their_retentions(pretrained):
     assert ("retains more" in words) == (lo8 > hi2 or rows[2]["retention"].low > rows[1]["retention"].high)
     assert_refused(lambda: q.retention_words(rows, "exact (FP32)", "int2 per token"), ValueError, "a",
                    "exact (FP32)", "one of the quantized settings")
+
+
+def test_keys_and_values_are_each_quantized_along_their_own_axis():
+    """KIVI's setting (keys per channel, values per token): the cache returns exactly fake_quantize of each
+    along its axis, never the keys' axis for the values."""
+    from labkit.tinylm import TinyLMConfig
+    cfg = TinyLMConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=64, max_seq_len=64)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(1, 2, 40, 16, generator=g), torch.randn(1, 2, 40, 16, generator=g) * 3
+    cache = q.QuantizedKVCache(cfg, "int4", key_axis="channel", value_axis="token", group=8)
+    qk, qv = cache.update(0, k, v)
+    assert torch.equal(qk, q.fake_quantize(k, "int4", "channel", 8))
+    assert torch.equal(qv, q.fake_quantize(v, "int4", "token", 8))
+    assert not torch.equal(qv, q.fake_quantize(v, "int4", "channel", 8))

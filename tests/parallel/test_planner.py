@@ -149,3 +149,14 @@ def test_a_layout_that_does_not_fit_is_never_the_best_tp():
     times = {t: pl.tp_decode_seconds(spec70, "h100-sxm", "nvlink4", t) for t in (2, 4, 8)}
     assert pl.best_decode_tp(spec70, "h100-sxm", "nvlink4") == min(times, key=times.get)
     assert pl.best_decode_tp(spec70, "h100-sxm", "nvlink4", tps=(1,)) is None
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_a_pipeline_sends_its_hidden_state_once_per_stage_boundary(pp):
+    """p stages pass the batch's hidden state p - 1 times per step (NVLink within a node), by lab 04's link
+    model; one stage sends nothing."""
+    spec, wl = model("llama-3-70b"), pl.Workload(batch=8, context=4096)
+    plan = pl.estimate(spec, pl.Cluster(1), wl, 4, pp, 1)
+    assert not plan.reason, plan.reason
+    hidden = 8 * spec.d_model * wl.act_bytes
+    assert plan.time["pp send"] == pytest.approx((pp - 1) * LinkModel.from_spec("nvlink4").send(hidden))
