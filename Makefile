@@ -29,6 +29,9 @@ CLASSROOM := $(BIN)/python -m labkit.course.classroom
 # likewise, OpenMP (torch, numba, OpenBLAS) on 1 thread. A stored output that depends on the CPU's kernels or
 # on the thread count differs under these settings, so `make test-portable` fails on it on any machine.
 PORTABLE_ENV ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 OMP_NUM_THREADS=1
+# The unit suite's worker processes (pytest-xdist): one per core, each test file on one worker (its module's
+# servers and pools are started once). WORKERS=0 runs it in this process, one test after another.
+WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 # The notebooks test-portable checks (one of them: make test-portable NB=notebooks/03_int4_quantization.ipynb).
 NB ?= notebooks
 
@@ -49,7 +52,7 @@ lab-instructor: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_FLAGS) $(ROOT_FLAG)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests --ignore=tests/browser
+	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(WORKERS) --dist loadfile
 	@# A fresh machine's first matplotlib import writes a font-cache notice to stderr; nbval would see it.
 	@$(BIN)/python -c "import matplotlib.pyplot"
 	$(BIN)/python -m pytest $(NBVAL_FLAGS) notebooks

@@ -25,24 +25,7 @@ health and failover.
 The replica's side of discovery (register when healthy, heartbeat, deregister) is labkit.serving.register.
 """
 
-from . import (buffers, compiled, counters, drills, exercises, explore, forward, graph, launch, load, policies,
-               registry, router, scale)
-from .buffers import Buffer, BufferPlan, allocator_peak, check_plan, liveness, measured_peak, peak_live, plan_buffers
-from .compiled import CompileReport, compare_compile, compile_verdict, compiler_available, inductor_kernels
-from .graph import Decode, FusionGroup, capture_decode, check_inputs, fused_kernels, fusion_groups, op_table
-from .launch import Cluster, RouterProcess, start_replica, start_router
-from .load import LoadResult, Record, prefix_counts, prefix_hit_rate, run_load, shared_prefix_trace
-from .policies import POLICIES, Policy, make_policy, prefix_key, rendezvous
-from .registry import Event, Registry, RegistryError, Replica
-from .router import Router, make_router_app
-from .scale import ReplicaPlan, ScalePlan, replica_options, replicas_for, replicas_needed, router_limit
+from . import buffers, compiled, drills, exercises, explore, graph, launch, load, policies, registry, router, scale
 
-__all__ = ["buffers", "compiled", "counters", "drills", "exercises", "explore", "forward", "graph", "launch", "load",
-           "policies", "registry", "router", "scale", "Buffer", "BufferPlan", "allocator_peak", "check_plan",
-           "liveness", "measured_peak", "peak_live", "plan_buffers", "CompileReport", "compare_compile",
-           "compile_verdict", "compiler_available", "inductor_kernels", "Decode", "FusionGroup", "capture_decode",
-           "check_inputs", "fused_kernels", "fusion_groups", "op_table", "Cluster", "RouterProcess", "start_replica",
-           "start_router", "LoadResult", "Record", "prefix_counts", "prefix_hit_rate", "run_load",
-           "shared_prefix_trace", "POLICIES", "Policy", "make_policy", "prefix_key", "rendezvous", "Event",
-           "Registry", "RegistryError", "Replica", "Router", "make_router_app", "ReplicaPlan", "ScalePlan",
-           "replica_options", "replicas_for", "replicas_needed", "router_limit"]
+__all__ = ["buffers", "compiled", "drills", "exercises", "explore", "graph", "launch", "load", "policies", "registry",
+           "router", "scale"]

@@ -18,7 +18,7 @@ import sys
 import threading
 
 from ..serving import ServerThread
-from .policies import POLICIES, make_policy
+from .policies import ROUTING_POLICIES, make_policy
 from .registry import Registry
 from .router import Router, make_router_app
 
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=9000, help="TCP port (0: pick a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
-    parser.add_argument("--policy", choices=POLICIES, default="prefix_affinity", help="how a replica is chosen")
+    parser.add_argument("--policy", choices=ROUTING_POLICIES, default="prefix_affinity", help="how a replica is chosen")
     parser.add_argument("--prefix-chars", type=_number(int, 1, "a positive int"), default=64,
                         help="prompt characters prefix affinity hashes (default 64)")
     parser.add_argument("--heartbeat-timeout", type=seconds, default=1.0, metavar="S",

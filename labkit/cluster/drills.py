@@ -26,7 +26,7 @@ from .._checks import check_choice, check_fraction, check_int, check_positive, c
 from .explore import cpu_seconds
 from .launch import Cluster
 from .load import LoadResult, prefix_counts, prefix_hit_rate, run_load
-from .policies import POLICIES
+from .policies import ROUTING_POLICIES
 
 
 def answer(client: openai.OpenAI, prompt: str, model: str = "tinylm", max_tokens: int = 4) -> str:
@@ -89,7 +89,7 @@ def policy_run(policy: str, trace: list[dict], warm_up: list[dict], extra: list[
     """Start a router with `policy` and `replicas` new replicas (empty prefix caches), send `warm_up` (3 in
     flight: a replica's first forwards are slow), then `trace` and every run of `extra`, streamed, `concurrency`
     in flight. RuntimeError if a request of `trace` fails."""
-    check_choice("policy", policy, POLICIES)
+    check_choice("policy", policy, ROUTING_POLICIES)
     check_positive_int("concurrency", concurrency, unit="requests in flight")
     with Cluster(replicas, policy=policy, heartbeat_timeout=1.0) as cluster:
         run_load(cluster.url, warm_up, concurrency=3)

@@ -11,7 +11,7 @@ question (arithmetic or copy, from the test split), shuffled with the seed so th
 are spread over the run: round robin scatters them over the replicas, prefix affinity keeps them on one, whose
 prefix cache (lab 05) then serves the shared blocks. TinyLM's tokenizer is byte-level: one character, one token.
 
-run_load never loses a request: each body gets one Record, "answered" (with its text and tokens) or "failed"
+run_load never loses a request: each body gets one RequestOutcome, "answered" (with its text and tokens) or "failed"
 (with the client's error: an HTTP status, a connection error, a timeout, an in-band stream error, or anything
 else the client raised). The client is openai.AsyncOpenAI with max_retries=0, so the retries counted are the
 router's, not the client's.
@@ -79,7 +79,7 @@ def shared_prefix_trace(n_prefixes: int = 4, per_prefix: int = 6, prefix_chars: 
 
 
 @dataclass
-class Record:
+class RequestOutcome:
     """One request of a load run: `index` in the trace, `status` "answered" or "failed" (then `error` says
     why), `text` and `tokens` (completion tokens) when answered, and times in seconds from the run's start:
     `start`, `first` (the first text chunk of a stream), `end`."""
@@ -116,10 +116,10 @@ def _percentile_of(what: str, q: int) -> property:
 
 @dataclass
 class LoadResult:
-    """What a load run did: every request's Record, the counts (sent == answered + failed), the wall time (s),
+    """What a load run did: every request's RequestOutcome, the counts (sent == answered + failed), the wall time (s),
     output tokens/s over it, and latency / time-to-first-token percentiles of the answered requests (s; None
     when none was answered, or no stream)."""
-    records: list[Record]
+    records: list[RequestOutcome]
     wall_s: float
     sent: int = field(init=False)
     answered: int = field(init=False)
@@ -156,7 +156,7 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}" + (f" {status}" if status else "") + f": {e}"
 
 
-async def _ask(client: openai.AsyncOpenAI, record: Record, body: dict, stream: bool, t0: float) -> None:
+async def _ask(client: openai.AsyncOpenAI, record: RequestOutcome, body: dict, stream: bool, t0: float) -> None:
     """Send `body`, filling `record`'s text, tokens and (streamed) time of the first text chunk."""
     chat = "messages" in body
     create = client.chat.completions.create if chat else client.completions.create
@@ -177,7 +177,7 @@ async def _ask(client: openai.AsyncOpenAI, record: Record, body: dict, stream: b
     record.text = "".join(parts)
 
 
-async def _one(client: openai.AsyncOpenAI, record: Record, body: dict, stream: bool, t0: float,
+async def _one(client: openai.AsyncOpenAI, record: RequestOutcome, body: dict, stream: bool, t0: float,
                timeout: float) -> None:
     record.start = time.perf_counter() - t0
     try:
@@ -201,7 +201,7 @@ async def run_load_async(base_url: str, bodies: list[dict], concurrency: int = 4
     concurrency = check_positive_int("concurrency", concurrency, unit="requests in flight")
     check_bool("stream", stream)
     timeout = check_positive("timeout", timeout, unit="s")
-    records = [Record(i) for i in range(len(bodies))]
+    records = [RequestOutcome(i) for i in range(len(bodies))]
     pending = iter(range(len(bodies)))
     t0 = time.perf_counter()
     async with openai.AsyncOpenAI(base_url=base_url, api_key="any", max_retries=0, timeout=timeout) as client:

@@ -25,7 +25,7 @@ import hashlib
 from .._checks import check_choice, check_positive_int, check_type, fail
 from .registry import Replica
 
-POLICIES = ("round_robin", "least_outstanding", "prefix_affinity")
+ROUTING_POLICIES = ("round_robin", "least_outstanding", "prefix_affinity")
 
 
 def _image_tag(part: dict) -> str:
@@ -162,8 +162,8 @@ class PrefixAffinity(Policy):
 
 
 def make_policy(name: str, **options) -> Policy:
-    """The policy called `name` (one of POLICIES); options: prefix_affinity takes chars=64, the others none."""
-    check_choice("name", name, POLICIES)
+    """The policy called `name` (one of ROUTING_POLICIES); options: prefix_affinity takes chars=64, the others none."""
+    check_choice("name", name, ROUTING_POLICIES)
     if name == "prefix_affinity":
         unknown = sorted(set(options) - {"chars"})
         if unknown:

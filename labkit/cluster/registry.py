@@ -65,7 +65,7 @@ class Replica:
 
 
 @dataclass(frozen=True)
-class Event:
+class ReplicaEvent:
     """One change of a replica's state: `kind` one of EVENT_KINDS, at `time` (s), with why in `detail`."""
     time: float
     kind: str
@@ -99,7 +99,7 @@ class Registry:
         if not callable(clock):
             fail("clock", clock, "a callable returning seconds (time.monotonic)", TypeError)
         self.clock = clock
-        self.events: deque[Event] = deque(maxlen=EVENTS_KEPT)  # the latest events, oldest first
+        self.events: deque[ReplicaEvent] = deque(maxlen=EVENTS_KEPT)  # the latest events, oldest first
         self._replicas: dict[str, Replica] = {}  # id -> replica, in registration order (dicts keep it)
         self._issued = 0                         # ids issued so far: never reused
         self._removed: set[str] = set()          # ids removed (expired or deregistered): end() is a no-op there
@@ -111,7 +111,7 @@ class Registry:
         return float(now)
 
     def _log(self, when: float, kind: str, id: str, detail: str = "") -> None:
-        self.events.append(Event(when, kind, id, detail))
+        self.events.append(ReplicaEvent(when, kind, id, detail))
 
     def get(self, id: str, url: str | None = None) -> Replica:
         """The registered replica `id` (RegistryError 404 when there is none: never issued, or removed; and,

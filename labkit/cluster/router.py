@@ -11,6 +11,7 @@
     POST /replicas, POST /replicas/{id}/heartbeat, DELETE /replicas/{id}   discovery (labkit.serving.register)
     GET  /replicas                               the registry as JSON (replicas, their events, the timeout)
     GET  /metrics                                Prometheus text, "labkit_router:..." (labkit.cluster.counters)
+    GET  /openapi.json                           these routes, FastAPI's generated schema (no /docs page)
 
 Forwarding a request (client -> router -> replica):
 
@@ -210,7 +211,7 @@ def make_router_app(router: Router) -> FastAPI:
         finally:
             await router.stop()
 
-    app = FastAPI(title="labkit router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="labkit router", docs_url=None, redoc_url=None, lifespan=lifespan)  # /openapi.json only
     created = int(time.time())
 
     async def refused(request, exc: APIError | RegistryError):  # OpenAI's error body, the status they carry

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .._checks import check_choice, check_fraction, check_positive, check_positive_int, check_type, fail
-from ..parallel import Cluster, LinkModel, Plan, Workload, planner
+from ..parallel import Hardware, LinkModel, Plan, Workload, planner
 from ..specs import ModelSpec, device, device_names, model as model_spec, model_names
 
 
@@ -147,7 +147,7 @@ def _spec(model) -> ModelSpec:
     return check_type("model", model, ModelSpec, "a model name or a ModelSpec")
 
 
-def check_layout(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, ep: int) -> None:
+def check_layout(spec: ModelSpec, cluster: Hardware, tp: int, pp: int, ep: int) -> None:
     """Refuse, naming the argument, a layout lab 04's planner refuses (planner.estimate's reason: TP across
     nodes or not dividing the heads, EP not dividing the experts, PP past the layers, more devices than the
     cluster has). Memory is not checked here."""
@@ -160,11 +160,11 @@ def check_layout(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, ep: int) -
     fail(name, value, f"a layout lab 04's planner accepts ({plan.reason})")
 
 
-def _replica_cluster(size: int, per_node: int, device_name: str, intra: str, inter: str) -> Cluster:
-    return Cluster(math.ceil(size / per_node), per_node, device_name, intra, inter)
+def _replica_cluster(size: int, per_node: int, device_name: str, intra: str, inter: str) -> Hardware:
+    return Hardware(math.ceil(size / per_node), per_node, device_name, intra, inter)
 
 
-def prefill_seconds(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, ep: int, prompt_tokens: int,
+def prefill_seconds(spec: ModelSpec, cluster: Hardware, tp: int, pp: int, ep: int, prompt_tokens: int,
                     dtype_bytes: float = 2) -> float:
     """Seconds to prefill one prompt of P = prompt_tokens tokens on one replica (lab 04's roofline, P tokens at
     once; the busiest device of the largest stage, s = ceil(L / pp) / L of the layers):
@@ -178,7 +178,7 @@ def prefill_seconds(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, ep: int
     dense / routed: labkit.parallel.planner.weight_params; routed_active = moe_layers k expert_mlp (the k
     experts a token runs); peak: bf16 (fp8 when dtype_bytes < 2). Links as the planner picks them."""
     check_type("spec", spec, ModelSpec)
-    check_type("cluster", cluster, Cluster)
+    check_type("cluster", cluster, Hardware)
     tp, pp, ep = (check_positive_int(n, v) for n, v in (("tp", tp), ("pp", pp), ("ep", ep)))
     p = check_positive_int("prompt_tokens", prompt_tokens, unit="tokens")
     element = check_positive("dtype_bytes", dtype_bytes, unit="bytes")

@@ -3,8 +3,8 @@ and set-up, timing, the rule for a measured direction (evidence), tables and fac
 
 from . import check, display, env, evidence, timing  # classroom: python -m labkit.course.classroom (not imported here)
 from .check import Exercise
-from .display import FactCheck, table, verdict
+from .display import FactCheck, table
 from .timing import Timing, interleave, measure
 
-__all__ = ["check", "display", "env", "evidence", "timing", "Exercise", "FactCheck", "table", "verdict", "Timing", "interleave",
+__all__ = ["check", "display", "env", "evidence", "timing", "Exercise", "FactCheck", "table", "Timing", "interleave",
            "measure"]

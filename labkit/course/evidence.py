@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
 
 from .._checks import check_int, check_type, fail
 from .timing import Timing

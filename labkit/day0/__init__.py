@@ -25,33 +25,19 @@
     exercises   QK_NORM, RANK_PART, BLOCK_KEYS
 """
 
-from . import (arena, config, evaluate, exercises, explore, images, loading, model, multimodal, operators, peak,
-               plan, release, report, serve)
-
-from .arena import Arena, ArenaPlan, LoadReplay, plan_arena, replay_naive_load, replay_planned
-from .config import ConfigError, TextConfig, TinyVLMConfig, VisionConfig, small_config
-from .evaluate import image_accuracy, image_task_correct, task_tokens, text_quality
-from .images import COLOURS, QUESTION_KINDS, SHAPES, ImageTask, Scene, draw, make_image_tasks, to_pixels
-from .model import TinyVLM, tp_plan
-from .release import Release, ReleaseError, TensorInfo, parse_size, read_release, split_into_shards, write_release
-from .loading import (LoadStats, build_rank_model, load_encoder, load_full, load_model, load_rank, placed_sizes,
-                      rank_tensors)
-from .peak import LoadPeak, measure_load_memory, measure_load_peak
-from .multimodal import (MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, EncoderCache, VLMProcessor, decode_image_url,
-                         image_hash)
-from .serve import build_engine, check_release
-from .plan import (check_parallel, footprint, image_budget, param_counts, parallel_options, plan_cluster,
-                   plan_scaled, scaled_up)
+from . import exercises, explore, loading, peak, release, serve
+from .arena import Arena, plan_arena, replay_naive_load, replay_planned
+from .config import ConfigError, TinyVLMConfig, small_config
+from .evaluate import image_task_correct
+from .images import QUESTION_KINDS, make_image_tasks
+from .model import TinyVLM
+from .peak import measure_load_memory
+from .plan import footprint, image_budget, parallel_options, param_counts, plan_cluster, plan_scaled, scaled_up
 from .report import Day0Report, day0_report
-from .operators import (BASELINE_OPERATORS, OPERATORS, UnsupportedOperatorError, check_operators, qk_norm,
-                        register_operator, required_operators)
+from .operators import BASELINE_OPERATORS, UnsupportedOperatorError, register_operator, required_operators
 
-__all__ = ["arena", "config", "evaluate", "exercises", "explore", "images", "loading", "model", "multimodal",
-           "operators", "peak", "plan", "release", "report", "serve", "build_engine", "check_release", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "EncoderCache", "VLMProcessor", "decode_image_url", "image_hash", "Release", "ReleaseError", "TensorInfo", "parse_size", "read_release", "split_into_shards", "write_release",
-           "LoadPeak", "LoadStats", "build_rank_model", "load_encoder", "load_full", "load_model", "load_rank", "measure_load_memory", "measure_load_peak", "placed_sizes",
-           "rank_tensors", "Arena", "ArenaPlan", "LoadReplay", "plan_arena", "replay_naive_load", "replay_planned", "check_parallel",
-           "footprint", "image_budget", "param_counts", "parallel_options", "plan_cluster", "plan_scaled", "scaled_up",
-           "Day0Report", "day0_report", "ConfigError", "TextConfig", "TinyVLMConfig", "VisionConfig", "small_config", "image_accuracy",
-           "image_task_correct", "task_tokens", "text_quality", "COLOURS", "QUESTION_KINDS", "SHAPES", "ImageTask",
-           "Scene", "draw", "make_image_tasks", "to_pixels", "TinyVLM", "tp_plan", "BASELINE_OPERATORS", "OPERATORS",
-           "UnsupportedOperatorError", "check_operators", "qk_norm", "register_operator", "required_operators"]
+__all__ = ["exercises", "explore", "loading", "peak", "release", "serve", "Arena", "plan_arena", "replay_naive_load",
+           "replay_planned", "ConfigError", "TinyVLMConfig", "small_config", "image_task_correct", "QUESTION_KINDS",
+           "make_image_tasks", "TinyVLM", "measure_load_memory", "footprint", "image_budget", "parallel_options",
+           "param_counts", "plan_cluster", "plan_scaled", "scaled_up", "Day0Report", "day0_report",
+           "BASELINE_OPERATORS", "UnsupportedOperatorError", "register_operator", "required_operators"]

@@ -31,7 +31,7 @@ from .._checks import check_choice, check_positive_int, check_type, fail, is_int
 from ..unified_memory import allocator
 
 ALIGNMENT = 256  # bytes: cudaMalloc's alignment; PyTorch's caching allocator rounds blocks to 512
-POLICIES = ("first_fit", "best_fit")  # lab 02's ContiguousAllocator
+FIT_POLICIES = ("first_fit", "best_fit")  # lab 02's ContiguousAllocator
 
 
 def align(nbytes: int, alignment: int) -> int:
@@ -186,7 +186,7 @@ class Arena:
 
 
 @dataclass(frozen=True)
-class Event:
+class AllocEvent:
     """One allocator call: op "alloc", "free" or "fail" of `size` bytes at `offset` (-1: failed); after it."""
     step: int
     op: str
@@ -214,7 +214,7 @@ class LoadReplay:
     failed: str | None
     failed_size: int | None
     peak_bytes: int
-    events: tuple[Event, ...]
+    events: tuple[AllocEvent, ...]
 
     @property
     def fragmented(self) -> bool:
@@ -229,7 +229,7 @@ class _Replay:
         self.mem, self.events, self.peak, self.full = allocator.ContiguousAllocator(capacity, policy), [], 0, False
 
     def _log(self, op: str, name: str, offset: int, size: int) -> None:
-        self.events.append(Event(len(self.events), op, name, offset, size, self.mem.free_bytes, self.mem.largest_hole))
+        self.events.append(AllocEvent(len(self.events), op, name, offset, size, self.mem.free_bytes, self.mem.largest_hole))
 
     def alloc(self, name: str, size: int):
         """The block, or None (and `full` set) when no hole fits."""
@@ -276,7 +276,7 @@ def replay_naive_load(tensors: Any, kv_bytes: int, capacity: int, activation_byt
     stored = check_positive_int("stored_bytes", stored_bytes, unit="bytes per element")
     ratio = check_positive_int("loaded_bytes", loaded_bytes, unit="bytes per element") / stored
     in_flight = check_positive_int("in_flight", in_flight, unit="tensors")
-    check_choice("policy", policy, POLICIES)
+    check_choice("policy", policy, FIT_POLICIES)
     if loaded is None:
         for name, n in sizes.items():
             if n % stored:
@@ -306,7 +306,7 @@ def replay_planned(plan: ArenaPlan, capacity: int | None = None, policy: str = "
     if not plan.kv.nbytes:
         fail("plan", "an ArenaPlan with kv_bytes=0", "a plan with a KV region to allocate")
     capacity = plan.total if capacity is None else check_positive_int("capacity", capacity, unit="bytes")
-    run = _Replay(capacity, check_choice("policy", policy, POLICIES))
+    run = _Replay(capacity, check_choice("policy", policy, FIT_POLICIES))
     for r in plan.weights:
         if run.alloc(r.name, align(r.nbytes, plan.alignment)) is None:
             break

@@ -269,7 +269,6 @@ def build_rank_model(folder, rank: int, tp: int, dtype=torch.float32, threads: i
     if left:
         raise ReleaseError(f"{release.folder}: tensor {left[0]!r} was not loaded (not in the release)")
     sharded = parallel_tensor.ShardedTinyLM.from_local(local.eval(), rank, tp)
-    for path, q in quantized.items():
-        owner, _, attr = path.rpartition(".")
-        setattr(sharded.local.get_submodule(owner), attr, QuantLinear(q, backend="reference"))
+    for path, q in quantized.items():  # the local product of its column- or row-parallel layer
+        sharded.local.get_submodule(path).linear = QuantLinear(q, backend="reference")
     return sharded

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from .._checks import check_choice, check_int, check_positive, check_positive_int, check_type, fail
 from ..memory_wall import footprint as lab01
-from ..parallel import Cluster, Plan, Workload, plan as plan_layouts, tensor
+from ..parallel import Hardware, Plan, Workload, plan as plan_layouts, tensor
 from ..specs import ModelSpec, device, device_names
 from .config import TinyVLMConfig
 
@@ -205,7 +205,7 @@ def plan_cluster(cfg: TinyVLMConfig, devices: int = 2, device_name: str = "rtx-4
     context = t.max_seq_len if max_seq_len is None else check_int("max_seq_len", max_seq_len, 1, t.max_seq_len)
     work = Workload(batch=max_num_seqs, context=context, weight_bytes=dtype_bytes, kv_bytes=dtype_bytes,
                     act_bytes=dtype_bytes)
-    cluster = Cluster(1, per_node=devices, device=device_name, intra=link, inter=link)
+    cluster = Hardware(1, per_node=devices, device=device_name, intra=link, inter=link)
     return _runnable(cfg, plan_layouts(text_spec(cfg), cluster, work, objective, usable), memory_bytes, usable)
 
 
@@ -242,4 +242,4 @@ def plan_scaled(spec: ModelSpec, nodes: int = 1, device_name: str = "h100-sxm", 
     check_choice("device_name", device_name, device_names("gpu"))
     work = Workload(batch=batch, context=spec.context if context is None else context, weight_bytes=dtype_bytes,
                     kv_bytes=dtype_bytes, act_bytes=dtype_bytes)
-    return plan_layouts(spec, Cluster(nodes, device=device_name), work, objective)
+    return plan_layouts(spec, Hardware(nodes, device=device_name), work, objective)

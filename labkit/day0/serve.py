@@ -26,15 +26,13 @@ decoder (exit 2 otherwise); the shards themselves are read by the ranks.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from pathlib import Path
 
 import torch
 
-from .._checks import check_choice, check_positive, check_positive_int, check_type
-from ..kv_cache import check_block_size
+from .._checks import check_choice, check_positive, check_type
 from ..parallel import tensor
 from ..serving import Engine, EngineConfig, ModelRunner, tp as serving_tp
 from ..tinylm import ByteTokenizer

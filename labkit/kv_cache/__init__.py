@@ -18,14 +18,11 @@ schedules with the BlockManager and runs TinyLM on the PagedKVCache.
     exercises  the notebook's exercises
 """
 
-from . import blocks, exercises, explore, paged, prefix, quantized, sharing, size, swap, waste
-from .blocks import BlockManager, LargerThanPoolError, OutOfBlocksError, blocks_needed, check_block_size
-from .paged import PagedKVCache, gather, paged_attention, paged_generate, slots_of
-from .prefix import block_hash, hash_chain
-from .quantized import KVQuantModel, QuantizedKVCache, fake_quantize
-from .waste import Request, request_trace
+from . import exercises, explore, prefix, quantized, sharing, size, swap, waste
+from .blocks import BlockManager, LargerThanPoolError, blocks_needed, check_block_size
+from .paged import PagedKVCache, paged_attention, paged_generate, slots_of
+from .prefix import block_hash
 
-__all__ = ["blocks", "exercises", "explore", "paged", "prefix", "quantized", "sharing", "size", "swap", "waste",
-           "BlockManager", "LargerThanPoolError", "OutOfBlocksError", "blocks_needed", "check_block_size", "PagedKVCache", "gather", "paged_attention",
-           "paged_generate", "slots_of", "block_hash", "hash_chain", "KVQuantModel", "QuantizedKVCache",
-           "fake_quantize", "Request", "request_trace"]
+__all__ = ["exercises", "explore", "prefix", "quantized", "sharing", "size", "swap", "waste", "BlockManager",
+           "LargerThanPoolError", "blocks_needed", "check_block_size", "PagedKVCache", "paged_attention",
+           "paged_generate", "slots_of", "block_hash"]

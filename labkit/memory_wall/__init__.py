@@ -4,8 +4,7 @@ interleaved ratios, "unreliable" on a busy machine; notebooks 00, 01 and 03 use 
 transfer sweeps where "30-50% of the time on transfers" holds), cost, a calculator, the fact-check of the
 source material's claims (factcheck), notebook 01's plots (explore) and its exercises."""
 
-from . import (calculator, cost, exercises, explore, factcheck, footprint, hardware, offload, roofline, transfer,
-               verdicts)
+from . import calculator, exercises, explore, factcheck, footprint, hardware, offload, roofline, transfer, verdicts
 
-__all__ = ["calculator", "cost", "exercises", "explore", "factcheck", "footprint", "hardware", "offload", "roofline",
+__all__ = ["calculator", "exercises", "explore", "factcheck", "footprint", "hardware", "offload", "roofline",
            "transfer", "verdicts"]

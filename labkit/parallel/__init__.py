@@ -10,21 +10,20 @@ pipelines, expert parallelism with all-to-all, overlap of communication with com
     decode       TinyLM's decode step: one process, TP ranks, the alpha-beta prediction (DecodeReport)
     schedule     GPipe / 1F1B operations, bubble_fraction, simulate                  pipeline real stages
     expert       route, moe_forward, expert_parallel_forward                         overlap  async all-reduce
-    planner      Cluster, Workload, plan, best, min_devices
+    planner      Hardware, Workload, plan, best, min_devices
     explore      plots and the plan explorer widget                                  exercises the notebook's
 """
 
-from . import (collectives, decode, distributed, dtensor, exercises, expert, explore, gloo, linkmodel, overlap,
-               pipeline, planner, schedule, tensor)
-from .collectives import all_gather, all_to_all, bytes_sent_per_rank, reduce_scatter, ring_all_reduce
+from . import (collectives, decode, dtensor, exercises, expert, explore, gloo, linkmodel, overlap, pipeline, planner,
+               schedule, tensor)
+from .collectives import ring_all_reduce
 from .distributed import Pool, RankError, shared_pool
 from .linkmodel import LinkModel, bus_bandwidth
-from .planner import Cluster, Plan, Workload, best, min_devices, plan
+from .planner import Hardware, Plan, Workload, plan
 from .schedule import bubble_fraction, megatron_bubble
 from .tensor import tensor_parallel_generate, tensor_parallel_logits
 
-__all__ = ["collectives", "decode", "distributed", "dtensor", "exercises", "expert", "explore", "gloo", "linkmodel", "overlap",
-           "pipeline", "planner", "schedule", "tensor", "all_gather", "all_to_all", "bytes_sent_per_rank",
-           "reduce_scatter", "ring_all_reduce", "Pool", "RankError", "shared_pool", "LinkModel", "bus_bandwidth",
-           "Cluster", "Plan", "Workload", "best", "min_devices", "plan", "bubble_fraction", "megatron_bubble",
+__all__ = ["collectives", "decode", "dtensor", "exercises", "expert", "explore", "gloo", "linkmodel", "overlap",
+           "pipeline", "planner", "schedule", "tensor", "ring_all_reduce", "Pool", "RankError", "shared_pool",
+           "LinkModel", "bus_bandwidth", "Hardware", "Plan", "Workload", "plan", "bubble_fraction", "megatron_bubble",
            "tensor_parallel_generate", "tensor_parallel_logits"]

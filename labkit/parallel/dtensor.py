@@ -26,8 +26,6 @@ def dtensor_plan(cfg: TinyLMConfig) -> dict:
 def dtensor_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, tokens: torch.Tensor) -> torch.Tensor:
     """One rank of dtensor_logits: TinyLM parallelized by DTensor, its logits for `tokens`."""
     model = rebuild_model(cfg, state)
-    for block in model.layers:  # the local outputs of a column-parallel wq hold n_heads / world heads
-        block.attn.n_heads, block.attn.n_kv_heads = cfg.n_heads // world, cfg.n_kv_heads // world
     mesh = init_device_mesh("cpu", (world,))
     parallelize_module(model, mesh, dtensor_plan(cfg))
     return model(tokens)

@@ -14,7 +14,7 @@ from .._checks import check_bool, check_positive_int, check_type
 from ..course import display
 from ..specs import device_names
 from .collectives import ring_schedule
-from .planner import Cluster, Plan, Workload, plan
+from .planner import Hardware, Plan, Workload, plan
 
 COLORS = {"F": "tab:blue", "B": "tab:orange", "compute": "tab:blue", "comm": "tab:red"}
 MODELS = ("moe-3t", "dense-320b", "llama-3.1-405b", "deepseek-v3", "kimi-k2", "llama-3-70b", "mixtral-8x7b")
@@ -104,7 +104,7 @@ def plot_plan(p: Plan, ax=None):
 def _show(name: str, dev: str, nodes: int, batch: int, context: int, n: int = 6) -> list[Plan]:
     import matplotlib.pyplot as plt
 
-    cluster = Cluster(nodes, device=dev)
+    cluster = Hardware(nodes, device=dev)
     plans = plan(name, cluster, Workload(batch=batch, context=context))
     print(f"{name} on {nodes} x {cluster.per_node} {dev} ({cluster.devices} devices), {batch} sequences of "
           f"{context} tokens per replica: {sum(p.fits for p in plans)} of {len(plans)} layouts fit")

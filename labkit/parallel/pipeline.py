@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_choice, check_int, check_positive_int, fail
-from ..tinylm import KVCache, TinyLM, TinyLMConfig
+from ..tinylm import KVCache, TinyLM, TinyLMConfig, run_blocks
 from .distributed import MAX_WORLD, Pool, shared_pool
 from .schedule import SCHEDULES, measured_bubble, operations, peak_in_flight
 from .tensor import rebuild_model
@@ -45,14 +45,17 @@ def split_layers(n_layers: int, stages: int) -> list[tuple[int, int]]:
 
 class Stage(nn.Module):
     """Stage `index` of `stages` of a TinyLM: token ids in on the first stage, hidden states in otherwise;
-    hidden states out, logits out on the last. Parameter names are the full model's."""
+    hidden states out, logits out on the last. Holds copies of the full model's modules it runs (`layers`
+    keeps every index, None where another stage owns the block), so parameter names are the full model's,
+    and runs them with TinyLM's own loop (labkit.tinylm.model.run_blocks) over its slice of the blocks."""
 
     def __init__(self, full: TinyLM, index: int, stages: int):
         super().__init__()
-        start, end = split_layers(full.cfg.n_layers, stages)[index]
+        self.start, self.end = split_layers(full.cfg.n_layers, stages)[index]
         self.first, self.last = index == 0, index == stages - 1
         self.tok_emb = copy.deepcopy(full.tok_emb) if self.first else None
-        self.layers = nn.ModuleDict({str(i): copy.deepcopy(full.layers[i]) for i in range(start, end)})
+        self.layers = nn.ModuleList(copy.deepcopy(block) if self.start <= i < self.end else None
+                                    for i, block in enumerate(full.layers))
         self.norm = copy.deepcopy(full.norm) if self.last else None
         self.lm_head = copy.deepcopy(full.lm_head) if self.last else None
         self.register_buffer("rope_cos", full.rope_cos, persistent=False)
@@ -65,8 +68,7 @@ class Stage(nn.Module):
         if self.first:
             x = self.tok_emb(x)  # [B, T] ids -> [B, T, d_model]
         cos, sin = self.rope_cos[start:start + x.shape[1]], self.rope_sin[start:start + x.shape[1]]
-        for i, block in self.layers.items():
-            x = block(x, cos, sin, cache, int(i), start)
+        x = run_blocks(self.layers, x, cos, sin, cache, start, self.start, self.end)
         return self.lm_head(self.norm(x)) if self.last else x
 
 

@@ -34,7 +34,7 @@ OBJECTIVES = ("throughput", "latency")
 
 
 @dataclass(frozen=True)
-class Cluster:
+class Hardware:
     """nodes x per_node devices of one kind (a data/hardware.json name), an intra-node link and an
     inter-node link (names of links there)."""
     nodes: int
@@ -123,7 +123,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _reason(spec: ModelSpec, cl: Cluster, tp: int, pp: int, ep: int) -> str:
+def _reason(spec: ModelSpec, cl: Hardware, tp: int, pp: int, ep: int) -> str:
     if tp > cl.per_node:
         return f"TP={tp} spans nodes ({cl.per_node} devices per node)"
     if spec.n_heads % tp:
@@ -137,7 +137,7 @@ def _reason(spec: ModelSpec, cl: Cluster, tp: int, pp: int, ep: int) -> str:
     return ""
 
 
-def estimate(spec: ModelSpec, cl: Cluster, wl: Workload, tp: int, pp: int, ep: int, usable: float = 0.9) -> Plan:
+def estimate(spec: ModelSpec, cl: Hardware, wl: Workload, tp: int, pp: int, ep: int, usable: float = 0.9) -> Plan:
     """The Plan of one layout (see the module docstring), rejected or not. tp, pp, ep: positive ints."""
     for name, degree in (("tp", tp), ("pp", pp), ("ep", ep)):
         check_positive_int(name, degree, unit="a parallel degree: 1 means no split")
@@ -193,14 +193,14 @@ def _notes(layers: int, pp: int, largest: int, batch: int, ep: int, seqs: int) -
     return tuple(notes)
 
 
-def plan(spec: ModelSpec | str, cluster: Cluster, workload: Workload = Workload(),
+def plan(spec: ModelSpec | str, cluster: Hardware, workload: Workload = Workload(),
          objective: str = "throughput", usable: float = 0.9) -> list[Plan]:
     """Every TP x PP x EP layout of `spec` on `cluster` (DP fills the rest), best first by `objective`
     ("throughput": most tokens/s over all replicas; "latency": least seconds per token); the rejected
     layouts follow, each with its reason. PP runs over the divisors of the layer count and the powers of 2
     below it (uneven stages), TP over 1 .. per_node, EP over the divisors of the expert count."""
     spec = model(spec) if isinstance(spec, str) else check_type("spec", spec, ModelSpec)
-    check_type("cluster", cluster, Cluster)
+    check_type("cluster", cluster, Hardware)
     check_type("workload", workload, Workload)
     check_choice("objective", objective, OBJECTIVES)
     check_fraction("usable", usable)
@@ -213,7 +213,7 @@ def plan(spec: ModelSpec | str, cluster: Cluster, workload: Workload = Workload(
     return sorted((p for p in plans if p.fits), key=key) + [p for p in plans if not p.fits]
 
 
-def best(spec: ModelSpec | str, cluster: Cluster, workload: Workload = Workload(), objective: str = "throughput",
+def best(spec: ModelSpec | str, cluster: Hardware, workload: Workload = Workload(), objective: str = "throughput",
          usable: float = 0.9) -> Plan:
     """The best plan, or a ValueError naming why the nearest miss failed when none fits."""
     plans = plan(spec, cluster, workload, objective, usable)

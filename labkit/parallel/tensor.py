@@ -10,8 +10,10 @@ section 3). The split of every matrix is read from TinyLM's table of linear laye
                GQA group), wo row -> one all_reduce;   MLP: w_gate, w_up column, w_down row -> one all_reduce
 
 So the forward pass all-reduces [tokens, d_model] twice per layer (plus once for the embedding) and
-all-gathers the logits once. Each rank runs TinyLM's own modules (its attention and MLP with sliced
-weights and local head counts), so only the communication is new here.
+all-gathers the logits once. As in picotron, only the layers change: ShardedTinyLM replaces each row of the
+table by its parallel layer (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+VocabParallelHead: the local slice's product plus the collective) and runs TinyLM's own forward, whose
+attention reads its n_heads/tp and n_kv_heads/tp heads from the sliced projections.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .._checks import check_int, check_positive_int, fail
-from ..tinylm import KVCache, TinyLM, TinyLMConfig, linear_layers, merge_embeds
+from ..tinylm import KVCache, TinyLM, TinyLMConfig, linear_layers
 from .distributed import Pool, check_world, shared_pool
 
 
@@ -66,9 +68,101 @@ def shard_config(cfg: TinyLMConfig, tp: int) -> TinyLMConfig:
                         n_kv_heads=kv, d_ff=cfg.d_ff // tp, max_seq_len=cfg.max_seq_len)
 
 
+class Collectives:
+    """The collectives of one TP rank's layers over the current process group, counting the elements each one
+    moved (`moved`). A group of one (tp 1) moves nothing but counts the same: the model runs in-process."""
+
+    def __init__(self, tp: int):
+        self.tp = tp
+        self.moved = {"all_reduce": 0, "all_gather": 0}
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """x summed over the ranks, in place."""
+        self.moved["all_reduce"] += x.numel()
+        if self.tp > 1:
+            dist.all_reduce(x)
+        return x
+
+    def all_gather_last(self, part: torch.Tensor) -> torch.Tensor:
+        """[B, T, n * tp] from every rank's part [B, T, n], rank r's part at columns r*n .. (r+1)*n."""
+        B, T, n = part.shape
+        gathered = torch.empty((self.tp * B, T, n), dtype=part.dtype)  # [tp * B, T, n]
+        self.moved["all_gather"] += gathered.numel()
+        if self.tp == 1:
+            return part
+        dist.all_gather_single(gathered, part.contiguous())
+        return gathered.view(self.tp, B, T, n).permute(1, 2, 0, 3).reshape(B, T, -1)
+
+
+class ColumnParallelLinear(nn.Module):
+    """A column-parallel layer: `linear` holds rows r*out/tp .. of the weight, so it computes this rank's slice of
+    the outputs, [.., out/tp]. No communication: the next layer (row-parallel) takes the slice as it is."""
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        self.linear = linear  # an nn.Linear, or a quantized one (labkit.quant.QuantLinear, lab 07)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class RowParallelLinear(nn.Module):
+    """A row-parallel layer: `linear` holds columns r*in/tp .. of the weight and takes this rank's slice of the
+    inputs (a column-parallel layer's output); its partial sums of every output are all-reduced."""
+
+    def __init__(self, linear: nn.Module, comm: Collectives):
+        super().__init__()
+        self.linear, self.comm = linear, comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(self.linear(x))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The embedding split by vocabulary: `embedding` holds rows vocab_start .. of the table; a token this rank
+    does not hold looks up zeros, and the all-reduce adds the one rank's row that holds it."""
+
+    def __init__(self, embedding: nn.Embedding, comm: Collectives, vocab_start: int):
+        super().__init__()
+        self.embedding, self.comm, self.vocab_start = embedding, comm, vocab_start
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = self.embedding.weight.shape[0]
+        local = tokens - self.vocab_start
+        mine = (local >= 0) & (local < rows)
+        return self.comm.all_reduce(self.embedding(local.clamp(0, rows - 1)) * mine[..., None])
+
+
+class VocabParallelHead(nn.Module):
+    """The output layer split by vocabulary: `linear` computes this rank's slice of the logits [B, T, V/tp];
+    the all-gather puts the full logits [B, T, V] on every rank."""
+
+    def __init__(self, linear: nn.Module, comm: Collectives):
+        super().__init__()
+        self.linear, self.comm = linear, comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather_last(self.linear(x))
+
+
+def parallel_layer(entry, module: nn.Module, comm: Collectives, vocab_start: int) -> nn.Module:
+    """The module that replaces TinyLM's `module` (holding this rank's slice) for a row of the table of
+    linear layers: its tp_style (and, for "vocab", whether it is the embedding or the output layer)."""
+    if entry.tp_style == "column":
+        return ColumnParallelLinear(module)
+    if entry.tp_style == "row":
+        return RowParallelLinear(module, comm)
+    if entry.layer_type == "embedding":
+        return VocabParallelEmbedding(module, comm, vocab_start)
+    return VocabParallelHead(module, comm)
+
+
 class ShardedTinyLM(nn.Module):
-    """One rank's part of a TinyLM (TP degree `tp`), built from the full model's weights; forward() must run
-    on every rank of the current group at once. `comm` counts the elements each collective moved."""
+    """One rank's part of a TinyLM (TP degree `tp`), built from the full model's weights: `local` is a TinyLM
+    whose linear layers are replaced, from the table of linear layers, by the parallel layers above holding
+    this rank's slices; its own forward runs unchanged (its attention reads the local head counts from the
+    projections). forward() must run on every rank of the current group at once. `comm` counts the elements
+    each collective moved."""
 
     def __init__(self, full: TinyLM, rank: int, tp: int, sliced: bool = False):
         super().__init__()
@@ -76,17 +170,24 @@ class ShardedTinyLM(nn.Module):
         self.cfg, self.tp = cfg, check_tp(cfg, tp)
         self.rank = check_int("rank", rank, 0, tp - 1)
         self.local = full if sliced else copy.deepcopy(full)  # norms, rotary tables and modules
+        self.vocab_start = rank * cfg.vocab_size // tp
+        collectives = Collectives(tp)
+        self.comm = collectives.moved
+        slices: dict[int, nn.Parameter] = {}  # a tied weight is sliced once: tok_emb and lm_head share the slice
         for entry in linear_layers(cfg):
-            mod = self.local.get_submodule(entry.path)
+            owner, _, name = entry.path.rpartition(".")
+            parent = self.local.get_submodule(owner)
+            mod = getattr(parent, name)
             want = shard(torch.empty(entry.shape, device="meta"), entry.tp_style, rank, tp).shape
             if sliced and mod.weight.shape != want:
                 fail("full", f"{entry.path} of shape {tuple(mod.weight.shape)}", f"rank {rank}'s slice {tuple(want)}")
             if not sliced:
-                mod.weight = nn.Parameter(shard(mod.weight.detach(), entry.tp_style, rank, tp), requires_grad=False)
-        for block in self.local.layers:
-            block.attn.n_heads, block.attn.n_kv_heads = cfg.n_heads // tp, cfg.n_kv_heads // tp
-        self.vocab_start = rank * cfg.vocab_size // tp
-        self.comm = {"all_reduce": 0, "all_gather": 0}
+                full_weight = mod.weight
+                if id(full_weight) not in slices:
+                    slices[id(full_weight)] = nn.Parameter(shard(full_weight.detach(), entry.tp_style, rank, tp),
+                                                           requires_grad=False)
+                mod.weight = slices[id(full_weight)]
+            setattr(parent, name, parallel_layer(entry, mod, collectives, self.vocab_start))
 
     @classmethod
     def from_local(cls, local: TinyLM, rank: int, tp: int) -> "ShardedTinyLM":
@@ -97,31 +198,12 @@ class ShardedTinyLM(nn.Module):
             fail("local", type(local).__name__, "a TinyLM holding one rank's slices", TypeError)
         return cls(local, rank, tp, sliced=True)
 
-    def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        self.comm["all_reduce"] += x.numel()
-        dist.all_reduce(x)
-        return x
-
     def forward(self, tokens: torch.Tensor, cache=None, embeds=None) -> torch.Tensor:
-        """Full logits [B, T, vocab] (the same on every rank) for tokens [B, T], continuing `cache` (a KVCache
-        built with shard_config, or a BatchedCache over this rank's KV heads: the serving lab) when given;
-        `embeds` (labkit.tinylm.merge_embeds) overwrites token embeddings after the all-reduce (lab 07)."""
-        m, (B, T) = self.local, tokens.shape
-        cos, sin, start = m.rope(tokens, cache)
-        local = tokens - self.vocab_start
-        mine = (local >= 0) & (local < m.tok_emb.weight.shape[0])
-        x = self._all_reduce(m.tok_emb(local.clamp(0, m.tok_emb.weight.shape[0] - 1)) * mine[..., None])
-        x = merge_embeds(x, embeds)
-        for i, block in enumerate(m.layers):
-            x = x + self._all_reduce(block.attn(block.attn_norm(x), cos, sin, cache, i, start))
-            x = x + self._all_reduce(block.mlp(block.mlp_norm(x)))
-        if cache is not None:
-            cache.advance(T)
-        part = m.lm_head(m.norm(x))  # [B, T, V/tp]
-        gathered = torch.empty((self.tp * B, *part.shape[1:]), dtype=part.dtype)  # [tp * B, T, V/tp]
-        self.comm["all_gather"] += gathered.numel()
-        dist.all_gather_single(gathered, part.contiguous())
-        return gathered.view(self.tp, B, T, -1).permute(1, 2, 0, 3).reshape(B, T, -1)  # rank r's slice is vocab r*V/tp ..
+        """Full logits [B, T, vocab] (the same on every rank) for tokens [B, T]: TinyLM's forward on this rank's
+        layers, continuing `cache` (a KVCache built with shard_config, or a BatchedCache over this rank's KV
+        heads: the serving lab) when given; `embeds` (labkit.tinylm.model.merge_embeds) overwrites token embeddings
+        after the embedding's all-reduce (lab 07)."""
+        return self.local(tokens, cache, embeds)
 
 
 def rebuild_model(cfg: TinyLMConfig, state: dict) -> TinyLM:
@@ -175,7 +257,7 @@ def tensor_parallel_logits(model: TinyLM, tokens: torch.Tensor, tp: int, pool: P
     """Runs TinyLM split over `tp` real gloo processes (Megatron split) and returns the full logits
     [B, T, vocab]. Refuses a `tp` that does not divide the heads, KV heads, d_ff or vocabulary before any
     process starts. `pool` defaults to the session's shared pool of that size. `embeds`: see
-    labkit.tinylm.merge_embeds."""
+    labkit.tinylm.model.merge_embeds."""
     cfg, state = tp_inputs(model, tp, pool)
     model(tokens, embeds=embeds)  # TinyLM's own checks of the inputs, here rather than on every rank
     return (pool or shared_pool(tp)).run(logits_worker, cfg, state, tokens, embeds)[0]["logits"]

@@ -12,17 +12,17 @@ busy machine cannot turn upside down, the fact-checks, the explorer and the exer
     speed      measure_matmuls -> MatmulRun (one method, timed in turns)
     verdicts   headline speed-up, all threads, memory-bound or not  factcheck the source's claims, checked
     explore    plots, widget, pooled SQNR                           exercises the notebook's exercises
+    gguf       write_gguf: TinyLM as a llama-architecture GGUF file (F32, Q8_0, Q4_0) that llama.cpp reads
 """
 
-from . import (exercises, explore, factcheck, formats, gptq, linear, nf4, noise, packing, policy, qtensor, quality,
-               speed, threads, verdicts)
-from .linear import QuantEmbedding, QuantLinear
-from .packing import pack_int4, unpack_int4
-from .policy import PRECISIONS, SETTINGS, Setting, quantize_model
-from .qtensor import BITS, SCHEMES, QTensor, quant_error, quantize, quantized_bytes
-from .quality import Retention, retention
+from . import exercises, explore, factcheck, formats, gptq, nf4, noise, quality, speed, verdicts
+from .linear import QuantLinear
+from .packing import pack_int4
+from .gguf import write_gguf
+from .policy import SETTINGS, quantize_model
+from .qtensor import QTensor, quant_error, quantize, quantized_bytes
+from .quality import retention
 
-__all__ = ["exercises", "explore", "factcheck", "formats", "gptq", "linear", "nf4", "noise", "packing", "policy",
-           "qtensor", "quality", "speed", "threads", "verdicts", "QuantEmbedding", "QuantLinear", "pack_int4",
-           "unpack_int4", "PRECISIONS", "SETTINGS", "Setting", "quantize_model", "BITS", "SCHEMES", "QTensor",
-           "quant_error", "quantize", "quantized_bytes", "Retention", "retention"]
+__all__ = ["exercises", "explore", "factcheck", "formats", "gptq", "nf4", "noise", "quality", "speed", "verdicts",
+           "QuantLinear", "pack_int4", "SETTINGS", "quantize_model", "QTensor", "quant_error", "quantize",
+           "quantized_bytes", "retention", "write_gguf"]

@@ -20,7 +20,8 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
     protocol   OpenAI's request and response bodies, APIError
     stream     RequestStream, Chunk: one request's output as an asyncio stream of text
     service    Service: one engine on one thread behind those streams
-    api        make_app (FastAPI: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics),
+    api        make_app (FastAPI: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics,
+               /openapi.json with /docs and /redoc),
                ServerThread (uvicorn in a thread); `python -m labkit.serving` starts it all
     launch     start_service / ServiceProcess: that command as a child process, healthy or an error
     register   Registrar, REGISTER_PATH, heartbeat_path, replica_path: a replica's side of discovery (lab 08's
@@ -28,30 +29,14 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
     explore    the plots and the scheduler widget;  exercises   the notebook's exercises
 """
 
-from . import (api, batch, config, detokenize, engine, exercises, explore, launch, metrics, mm, processor, protocol, register, runner,
-               sampling, scheduler, sequence, service, stream, tp, workload)
-from .api import ServerThread, make_app
-from .detokenize import TextDecoder
-from .batch import PagedBatch, StepInput
+from . import (batch, exercises, explore, launch, metrics, mm, processor, protocol, register, sampling, scheduler, tp,
+               workload)
+from .api import ServerThread
 from .config import EngineConfig
-from .engine import Engine, StepCost, StepOutput
-from .metrics import Record, request_metrics, summarize
-from .mm import MultiModalInput, check_mm, step_embeds
-from .processor import Processor, Prompt, TextProcessor
-from .protocol import APIError
-from .register import REGISTER_PATH, Registrar, check_http_url, heartbeat_body, heartbeat_path, replica_path
-from .runner import ModelRunner, Runner
-from .sampling import SamplingParams, make_generator, probabilities, sample, sample_batch
-from .scheduler import POLICIES, PREEMPTION_MODES, Scheduler
-from .sequence import Sequence, Status
-from .service import Service, ServiceUnavailable
-from .tp import TPRunner, built_tp_engine, tp_engine
-from .workload import TraceRequest, arrival_times, make_trace
+from .engine import Engine, StepCost
+from .runner import ModelRunner
+from .sampling import SamplingParams, make_generator, probabilities, sample
 
-__all__ = ["api", "batch", "config", "detokenize", "engine", "exercises", "explore", "launch", "metrics", "mm", "processor", "protocol", "register", "runner",
-           "sampling", "scheduler", "sequence", "service", "stream", "tp", "workload", "ServerThread", "make_app", "TextDecoder",
-           "PagedBatch", "StepInput", "EngineConfig", "Engine", "StepCost", "StepOutput", "MultiModalInput", "check_mm", "step_embeds", "Record", "request_metrics", "summarize",
-           "Processor", "Prompt", "TextProcessor", "APIError", "ModelRunner", "Runner", "SamplingParams", "make_generator", "probabilities", "sample", "sample_batch",
-           "POLICIES", "PREEMPTION_MODES", "Scheduler", "Sequence", "Status", "Service", "ServiceUnavailable",
-           "TPRunner", "built_tp_engine", "tp_engine", "TraceRequest", "arrival_times", "make_trace",
-           "REGISTER_PATH", "Registrar", "check_http_url", "heartbeat_body", "heartbeat_path", "replica_path"]
+__all__ = ["batch", "exercises", "explore", "launch", "metrics", "mm", "processor", "protocol", "register", "sampling",
+           "scheduler", "tp", "workload", "ServerThread", "EngineConfig", "Engine", "StepCost", "ModelRunner",
+           "SamplingParams", "make_generator", "probabilities", "sample"]

@@ -14,6 +14,10 @@ ModelRegistry.register_model also takes "module:Class" strings; vLLM keys on con
 here one model type is one architecture). So this package never imports the lab that adds the model (imports
 only go down): labkit.day0 registers nothing, it is named here.
 
+The options vLLM also has are spelled as vLLM spells them (vllm/engine/arg_utils.py): --tensor-parallel-size
+(-tp; --tp is the same option), --max-num-seqs, --block-size, --enable-prefix-caching / --no-enable-prefix-caching
+(default on, as in vLLM's V1 engine), --served-model-name (one name; vLLM takes several, the first answering).
+
 The HTTP server listens first and the model loads behind it (/health answers 503 until a one-token forward
 succeeded), then one line goes to stdout: "serving <model> on http://HOST:PORT/v1". SIGTERM or SIGINT stops
 it cleanly (exit code 0). A missing checkpoint, a folder that is not a release of a known model type, a --tp
@@ -41,7 +45,7 @@ from ..tinylm import TinyLMConfig, load_pretrained
 from .api import ServerThread, make_app
 from .register import Registrar, check_http_url, routable_url
 from .config import DEFAULT_BLOCK_SIZE, EngineConfig
-from .scheduler import POLICIES, PREEMPTION_MODES
+from .config import SCHEDULING_POLICIES, PREEMPTION_MODES
 from .service import Service
 
 DEFAULTS = EngineConfig()  # the options' defaults are the engine's own
@@ -116,7 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="TinyLM checkpoint (data/tinylm, or its .safetensors / "
                         ".json) or a release folder with config.json (data/tinyvlm)")
-    parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree: model processes over gloo (a divisor of the heads)")
+    parser.add_argument("--tp", "--tensor-parallel-size", "-tp", dest="tp", type=_positive, default=1,
+                        help="tensor-parallel degree: model processes over gloo (a divisor of the heads)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
@@ -126,7 +131,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tokens per KV block (a power of two)")
     parser.add_argument("--max-num-seqs", type=_positive, default=DEFAULTS.max_num_seqs,
                         help="requests in the running batch at most")
-    parser.add_argument("--policy", choices=POLICIES, default=DEFAULTS.policy, help="batching policy")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=DEFAULTS.enable_prefix_caching,
+                        help="share the KV blocks of common prompt prefixes (default: on, as in vLLM)")
+    parser.add_argument("--policy", choices=SCHEDULING_POLICIES, default=DEFAULTS.policy, help="batching policy")
     parser.add_argument("--preemption", choices=PREEMPTION_MODES, default=DEFAULTS.preemption,
                         help="when KV blocks run out")
     parser.add_argument("--threads", type=_positive, default=max(1, (os.cpu_count() or 1) - 1),
@@ -177,7 +185,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the options give (KV pool, batch, policy, preemption; the last 1000 steps' history)."""
     return EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                        policy=args.policy, preemption=args.preemption, history_limit=1000)
+                        policy=args.policy, preemption=args.preemption,
+                        enable_prefix_caching=args.enable_prefix_caching, history_limit=1000)
 
 
 def engine_loader(args: argparse.Namespace):

@@ -8,7 +8,11 @@
                                 message
     GET  /metrics               Prometheus text: running, waiting, swapped, KV usage, prefix cache, preemptions,
                                 requests and tokens (names "labkit:...", as vLLM's "vllm:...")
+    GET  /openapi.json          the OpenAPI schema FastAPI generates from these routes; /docs (Swagger UI) and
+                                /redoc render it, as vLLM serves them (the pages load their scripts from a CDN: in
+                                a browser offline they stay blank, /openapi.json does not)
 
+A POST whose Content-Type is not application/json gets a 415 (protocol.check_content_type; vLLM refuses it too).
 Streams are OpenAI's: `data: {chunk json}` events, a usage chunk (choices []) when stream_options.include_usage,
 then `data: [DONE]` sent raw. Every error is OpenAI's body (protocol.APIError) with a 4xx (bad input, FastAPI's
 own validation errors included) or 503 (not ready); anything unexpected is a 500 with that body and no
@@ -19,6 +23,7 @@ that disconnects mid-stream cancels its stream's generator, which aborts the req
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import threading
@@ -32,7 +37,8 @@ from starlette.exceptions import HTTPException
 
 from .._checks import Refusal, check_int, check_number, check_type, fail
 from ..kv_cache import LargerThanPoolError
-from .protocol import APIError, Reply, parse_body, parse_request, refusal, sse
+from .processor import message_parts
+from .protocol import APIError, Reply, check_content_type, parse_body, parse_request, refusal, request_schema, sse
 from .service import Service, ServiceUnavailable
 
 log = logging.getLogger("labkit.serving")
@@ -129,7 +135,23 @@ async def _submit(service: Service, req):
         raise APIError(400, f"the request does not fit in the KV cache: {e}", None, "request_too_large") from None
     except (ValueError, TypeError) as e:  # the processor's (a bad image, ...) name their field; the engine's say
         # "prompt", worded for the request by _engine_refusal
+        refused = getattr(getattr(e, "refusal", None), "name", None)
+        if prompt is None and req.kind == "chat" and refused == "messages" and not any(
+                p.kind != "text" or p.value for _, parts in message_parts(req.prompt) for p in parts):
+            raise _empty_chat(req.prompt) from None
         raise (refusal(e, default=field) if prompt is None else _engine_refusal(e, req.kind, prompt)) from None
+
+
+def _empty_chat(messages: list) -> APIError:
+    """The 400 for messages the chat template renders to no token at all (every content empty: the processors
+    refuse that whole, as "messages"): it names the last message's content, where the reply would continue.
+    vLLM accepts an empty content and refuses only a prompt of 0 tokens, "The decoder prompt cannot be empty"
+    (vllm/v1/engine/input_processor.py, _validate_prompt_len); TinyLM's template adds no token of its own, so
+    one empty message is such a prompt, while an empty message among others is a newline and is served."""
+    param = f"messages[{len(messages) - 1}].content"
+    return APIError(400, f"{param} must hold text or an image (the messages render to a prompt of 0 tokens, and "
+                         f"the decoder prompt cannot be empty), got {json.dumps(messages[-1].get('content'))[:80]}",
+                    param, "invalid_value")
 
 
 def _engine_refusal(error: Exception, kind: str, prompt) -> APIError:
@@ -170,7 +192,7 @@ def make_app(service: Service, model_name: str = "tinylm") -> FastAPI:
     check_type("service", service, Service, "a labkit.serving.Service")
     if not check_type("model_name", model_name, str, "a non-empty str (the model id clients send)"):
         fail("model_name", model_name, "a non-empty str (the model id clients send)")
-    app = FastAPI(title="labkit serving", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="labkit serving", summary="An OpenAI-compatible API over a labkit.serving.Service")
     app.add_middleware(_CatchAll)
     created = int(time.time())
 
@@ -217,6 +239,7 @@ def make_app(service: Service, model_name: str = "tinylm") -> FastAPI:
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def generate(request: Request, kind: str):
+        check_content_type(request.headers.get("content-type"))  # a header: before the body is read
         declared = request.headers.get("content-length", "")
         size = int(declared) if declared.isdigit() else len(await request.body())
         if size > MAX_BODY_BYTES:  # refused before it is read or parsed
@@ -241,12 +264,15 @@ def make_app(service: Service, model_name: str = "tinylm") -> FastAPI:
             raise _internal(out.error)
         return reply.full(out.text, out.finish_reason, Reply.usage(stream.num_prompt_tokens, out.num_tokens))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_schema("completion"))
     async def completions(request: Request):
+        """A completion of `prompt` (OpenAI's Completions API); `"stream": true` sends server-sent events."""
         return await generate(request, "completion")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_schema("chat"))
     async def chat_completions(request: Request):
+        """The assistant's reply to `messages` (OpenAI's Chat Completions API); `"stream": true` sends
+        server-sent events."""
         return await generate(request, "chat")
 
     return app

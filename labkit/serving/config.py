@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from .._checks import check_bool, check_choice, check_int, check_number, check_positive_int, check_type, fail
+from .._checks import check_bool, check_choice, check_int, check_positive, check_positive_int, check_type, fail
 from ..kv_cache import blocks_needed, check_block_size
 from ..tinylm import TinyLMConfig
 from .batch import StepCost
-from .scheduler import POLICIES, PREEMPTION_MODES
+SCHEDULING_POLICIES = ("static", "continuous", "chunked")  # labkit.serving.scheduler's docstring says what each does
+PREEMPTION_MODES = ("recompute", "swap")
 
 DEFAULT_BLOCK_SIZE = 16
 """tokens per KV block when neither the caller nor the runner says (vLLM's default on GPUs)"""
@@ -51,10 +52,13 @@ class EngineConfig:
         check_positive_int("max_num_seqs", self.max_num_seqs, "requests")
         if self.max_num_batched_tokens is not None:
             check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens, "tokens per step")
-        check_choice("policy", self.policy, POLICIES)
+            if self.max_num_batched_tokens < self.max_num_seqs:
+                fail("max_num_batched_tokens", self.max_num_batched_tokens,
+                     f">= max_num_seqs ({self.max_num_seqs}): every running request decodes one token per step")
+        check_choice("policy", self.policy, SCHEDULING_POLICIES)
         check_choice("preemption", self.preemption, PREEMPTION_MODES)
         if self.max_wait is not None:
-            check_number("max_wait", self.max_wait, low=0.0, unit="seconds")
+            check_positive("max_wait", self.max_wait, "seconds")
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_bool("hash_mm", self.hash_mm)
         check_int("seed", self.seed, 0)

@@ -60,8 +60,7 @@ class Engine:
         self.runner = runner
         self.block_manager = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching, self.cfg.vocab_size,
                                           c.hash_mm)
-        self.scheduler = Scheduler(self.block_manager, c.policy, c.max_num_seqs, c.max_num_batched_tokens,
-                                   c.preemption, c.max_wait)
+        self.scheduler = Scheduler(self.block_manager, c)
         self.seed, self.clock = c.seed, c.clock
         self._t0 = time.perf_counter()
         self._now = 0.0

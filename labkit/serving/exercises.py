@@ -19,7 +19,7 @@ import torch
 from ..course import Exercise
 from ..kv_cache import blocks_needed
 from ..rng import Rng
-from .metrics import Record, request_metrics
+from .metrics import RequestTimes, request_metrics
 from .sampling import SamplingParams, probabilities
 
 
@@ -89,7 +89,7 @@ ADMIT = Exercise("admitted", admitted, cases=[
 def tpot(arrival: float, token_times: list[float]) -> float | None:
     """Time per output token after the first, seconds: (E2E latency - TTFT) / (output tokens - 1), None for a
     one-token request. labkit.serving.metrics' definition (vLLM's)."""
-    return request_metrics(Record("request", arrival, tuple(token_times), 1)).tpot
+    return request_metrics(RequestTimes("request", arrival, tuple(token_times), 1)).tpot
 
 
 def random_tpot_case(rng: Rng) -> tuple[float, list[float]]:

@@ -22,7 +22,7 @@ from .launch import ServiceProcess, start_service  # noqa: F401 (re-exported: no
 from .metrics import summarize
 from .runner import ModelRunner
 from .sampling import SamplingParams, probabilities
-from .scheduler import POLICIES
+from .config import SCHEDULING_POLICIES
 from .workload import make_trace
 
 # --- 1. sampling ----------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def fit_step_cost(engines: Iterable[Engine]) -> StepCost:
     return StepCost(*(max(0.0, float(c)) for c in coef))
 
 
-def sweep(model, rates: Iterable[float], policies: Iterable[str] = POLICIES, n: int = 24, seed: int = 0,
+def sweep(model, rates: Iterable[float], policies: Iterable[str] = SCHEDULING_POLICIES, n: int = 24, seed: int = 0,
           slo: dict | None = None, clock=None, **engine_options) -> list[dict]:
     """One row per (policy, request rate): the same `n`-request trace (make_trace(n, rate, seed=seed)) replayed
     on `clock` (default StepCost(): deterministic); throughput (output tok/s), median TTFT and mean E2E

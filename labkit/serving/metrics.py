@@ -42,7 +42,7 @@ def _times(name: str, times) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class Record:
+class RequestTimes:
     """What the metrics need of a request, for code that has no Sequence: `arrival` and `token_times` (one
     per output token) in seconds on one clock, and the prompt's length."""
     request_id: str
@@ -71,10 +71,10 @@ class RequestMetrics:
 
 
 def _read(record, name: str) -> tuple[float, tuple[float, ...], int]:
-    """(arrival, token_times, num_prompt_tokens) of any object that has them (a Record, a Sequence), checked:
+    """(arrival, token_times, num_prompt_tokens) of any object that has them (a RequestTimes, a Sequence), checked:
     at least one token, none before arrival, in order, as many as the record says it produced."""
     if not all(hasattr(record, a) for a in ("arrival", "token_times", "num_prompt_tokens")):
-        fail(name, record, "an object with arrival, token_times and num_prompt_tokens (a Record or a Sequence)",
+        fail(name, record, "an object with arrival, token_times and num_prompt_tokens (a RequestTimes or a Sequence)",
              TypeError)
     arrival = check_number(f"{name}.arrival", record.arrival, unit="s")
     times = _times(f"{name}.token_times", record.token_times)
@@ -101,7 +101,7 @@ def _metrics(arrival: float, times: tuple[float, ...], prompt: int, request_id: 
 
 
 def request_metrics(record) -> RequestMetrics:
-    """TTFT, TPOT, ITL and E2EL (seconds) of one request: a Record, a finished Sequence, or anything with
+    """TTFT, TPOT, ITL and E2EL (seconds) of one request: a RequestTimes, a finished Sequence, or anything with
     arrival, token_times and num_prompt_tokens."""
     return _metrics(*_read(record, "record"), str(getattr(record, "request_id", "")))
 

@@ -4,7 +4,11 @@ template, response and stream-chunk bodies, and the error body. api.py routes HT
 Errors are OpenAI's body, {"error": {"message", "type", "param", "code"}}: a field of the wrong type or out of
 range is a 400 naming it (`param`), an unknown model a 404 "model_not_found". Fields this server does not
 implement (logprobs, echo, suffix, penalties, logit_bias, tools, n > 1, ...) are refused with a 400 naming them
-unless they hold their default value; "user" is accepted and ignored; any other unknown field is a 400.
+unless they hold their default value; "user" is accepted and ignored; any other unknown field is a 400. A body
+whose Content-Type is not application/json is a 415 (check_content_type). An empty prompt is refused as vLLM
+refuses it ("Either prompt or prompt_embeds must be provided and non-empty.", CompletionRequest in
+vllm/entrypoints/openai/completion/protocol.py), naming `prompt`. request_schema() describes the bodies for
+/openapi.json.
 
 The chat template is the processor's (labkit.serving.processor): a chat request's `messages` are checked
 against OpenAI's schema here (text and image_url parts) and handed on whole, not flattened to text. A newline
@@ -20,8 +24,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .._checks import Refusal, check_bool, check_int, check_number, check_positive_int, check_type, fail, is_number
-from .processor import message_parts, prompt_text
+from .._checks import (Refusal, check_bool, check_choice, check_int, check_number, check_positive_int, check_type,
+                       fail, is_number)
+from .processor import CHAT_ROLES, message_parts, prompt_text
 from .sampling import SamplingParams
 
 CHAT_STOP = ("\n",)
@@ -73,6 +78,44 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+
+
+def check_content_type(value: str | None) -> None:
+    """A 415 unless `value` (the Content-Type header) is application/json, parameters (charset) allowed. The
+    test is vLLM's validate_json_request (a dependency of its /v1/completions and /v1/chat/completions routes):
+    "Unsupported Media Type: Only 'application/json' is allowed", a 415 in the releases that raised an
+    HTTPException, a 400 in those that raise a RequestValidationError; 415 is HTTP's status for it."""
+    if (value or "").split(";")[0].strip().lower() != "application/json":
+        got = json.dumps(value) if value is not None else "no Content-Type header"
+        raise APIError(415, f"Content-Type must be application/json (the request body is JSON), got {got}",
+                       code="unsupported_media_type")
+
+
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+_TEXT = {"type": "string", "minLength": 1}
+_TYPES = {"model": {"type": "string"},
+          "prompt": {"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1}]},
+          "messages": {"type": "array", "minItems": 1, "items": {
+              "type": "object", "required": ["role", "content"],
+              "properties": {"role": {"enum": list(CHAT_ROLES)}, "content": _CONTENT}}},
+          "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
+          "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+          "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "top_k": {"type": "integer", "minimum": -1},
+          "min_p": {"type": "number", "minimum": 0, "maximum": 1}, "seed": {"type": "integer", "minimum": 0},
+          "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP}]},
+          "stream": {"type": "boolean"},
+          "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+          "user": {"type": "string"}}
+
+
+def request_schema(kind: str) -> dict:
+    """The OpenAPI requestBody of a `kind` ("completion" or "chat") request: the fields parse_request reads,
+    for FastAPI's generated /openapi.json (the routes read the raw body, so FastAPI cannot infer it)."""
+    check_choice("kind", kind, tuple(FIELDS))
+    required = ["model", "prompt" if kind == "completion" else "messages"]
+    schema = {"type": "object", "required": required,
+              "properties": {name: _TYPES[name] for name in FIELDS[kind] + IGNORED}}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def parse_body(raw: bytes) -> dict:

@@ -29,12 +29,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .._checks import check_choice, check_positive, check_positive_int, fail
+from .._checks import check_type, fail
 from ..kv_cache import BlockManager, LargerThanPoolError, blocks_needed
+from .config import SCHEDULING_POLICIES, EngineConfig  # noqa: F401 (SCHEDULING_POLICIES: notebook 06 reads it here)
 from .sequence import Sequence, Status
-
-POLICIES = ("static", "continuous", "chunked")
-PREEMPTION_MODES = ("recompute", "swap")
 
 
 @dataclass
@@ -65,21 +63,19 @@ class SchedulerOutput:
 
 class Scheduler:
     """The queues and the policy (see the module docstring); admission, preemption and swapping reserve and free
-    blocks through `block_manager`. The engine calls add, schedule (once per step), finish and abort."""
+    blocks through `block_manager`. The engine calls add, schedule (once per step), finish and abort. Policy,
+    limits and preemption come from `config` (an EngineConfig, checked there; its token budget must be set:
+    EngineConfig.resolve fills it in)."""
 
-    def __init__(self, block_manager: BlockManager, policy: str = "continuous", max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 512, preemption: str = "recompute", max_wait: float | None = None):
+    def __init__(self, block_manager: BlockManager, config: EngineConfig):
         if not isinstance(block_manager, BlockManager):
             fail("block_manager", block_manager, "a labkit.kv_cache.BlockManager", TypeError)
+        check_type("config", config, EngineConfig, "an EngineConfig")
+        if config.max_num_batched_tokens is None:
+            fail("config.max_num_batched_tokens", None, "a number of tokens per step (EngineConfig.resolve fills it in)")
         self.bm = block_manager
-        self.policy = check_choice("policy", policy, POLICIES)
-        self.max_num_seqs = check_positive_int("max_num_seqs", max_num_seqs)
-        self.max_num_batched_tokens = check_positive_int("max_num_batched_tokens", max_num_batched_tokens, "tokens")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            fail("max_num_batched_tokens", max_num_batched_tokens,
-                 f">= max_num_seqs ({max_num_seqs}): every running request decodes one token per step")
-        self.preemption = check_choice("preemption", preemption, PREEMPTION_MODES)
-        self.max_wait = None if max_wait is None else check_positive("max_wait", max_wait, "seconds")
+        self.policy, self.preemption, self.max_wait = config.policy, config.preemption, config.max_wait
+        self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []

@@ -10,7 +10,7 @@ from .cache import KVCache
 from .config import check_tinylm
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
+def sample_top_k(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
     """One token id from logits [vocab]: argmax when temperature is 0, else a draw from
     softmax(logits / temperature) (restricted to the top_k largest logits when top_k is given) with `gen`.
 
@@ -75,7 +75,7 @@ def generate(model, prompt, max_new_tokens: int, temperature: float = 0.0, top_k
     seq, out = list(prompt), []
     logits = model(torch.tensor([seq], device=device), cache)[0, -1]
     for step in range(max_new_tokens):
-        nxt = sample(logits, temperature, top_k, gen)
+        nxt = sample_top_k(logits, temperature, top_k, gen)
         out.append(nxt)
         seq.append(nxt)
         if nxt == stop_token or step == max_new_tokens - 1:

@@ -69,9 +69,13 @@ def merge_embeds(x: torch.Tensor, embeds) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    """Grouped-query attention with rotary positions. The head counts are read from the projections' outputs
+    (width / head_dim), so a tensor-parallel rank whose wq, wk, wv hold n_heads / tp and n_kv_heads / tp heads
+    runs this same code (labkit.parallel.tensor)."""
+
     def __init__(self, cfg: TinyLMConfig):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.head_dim = cfg.head_dim
         self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
@@ -81,10 +85,11 @@ class Attention(nn.Module):
         """Queries [B, H, T, hd], keys and values [B, Hkv, T, hd] of x [B, T, d], before rotary positions
         (lab 07's QK-norm attention overrides this)."""
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # [B, H, T, hd]
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return q, k, v
+
+        def heads(y: torch.Tensor) -> torch.Tensor:  # [B, T, heads * hd] -> [B, heads, T, hd]
+            return y.view(B, T, y.shape[-1] // self.head_dim, self.head_dim).transpose(1, 2)
+
+        return heads(self.wq(x)), heads(self.wk(x)), heads(self.wv(x))  # [B, H, T, hd], [B, Hkv, T, hd] twice
 
     def forward(self, x, cos, sin, cache: Cache | None = None, layer: int = 0, start: int = 0):
         B, T, _ = x.shape
@@ -94,7 +99,7 @@ class Attention(nn.Module):
             return self.wo(cache.attend(layer, q, k, v).transpose(1, 2).reshape(B, T, -1))
         if cache is not None:
             k, v = cache.update(layer, k, v)  # every cached position and the new ones: [B, Hkv, start + T, hd]
-        group = self.n_heads // self.n_kv_heads  # query heads per key/value head
+        group = q.shape[1] // k.shape[1]  # query heads per key/value head
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if T == 1:
             out = F.scaled_dot_product_attention(q, k, v)  # one new token sees every cached position
@@ -130,6 +135,20 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, cache=None, layer=0, start=0):
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, start)
         return x + self.mlp(self.mlp_norm(x))
+
+
+# torch.compile skips this frame only (recursive=False): each block stays its own graph, as when forward held
+# the loop (labkit.cluster.compiled and notebook 08 count 6 graphs and 5 breaks per decode step)
+@torch.compiler.disable(recursive=False)
+def run_blocks(layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None, start: int = 0,
+               first: int = 0, last: int | None = None) -> torch.Tensor:
+    """The residual stream x [B, T, d_model] through blocks layers[first:last] (default: all), block i writing
+    layer i of `cache`: TinyLM.forward runs every block, a pipeline stage (labkit.parallel.pipeline) its slice,
+    the captured decode step (labkit.cluster.graph) all of them. `layers` is indexed, so a stage's list may
+    hold None for the blocks it does not own."""
+    for i in range(first, len(layers) if last is None else last):
+        x = layers[i](x, cos, sin, cache, i, start)
+    return x
 
 
 class TinyLM(nn.Module):
@@ -172,14 +191,13 @@ class TinyLM(nn.Module):
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
         cos, sin, start = self.rope(tokens, cache)
-        if isinstance(cache, Cache) and getattr(cache, "cfg", self.cfg) != self.cfg:
+        built = getattr(cache, "cfg", self.cfg)  # a tensor-parallel rank's cache has fewer KV heads: update checks them
+        if isinstance(cache, Cache) and (built.n_layers, built.head_dim) != (self.cfg.n_layers, self.cfg.head_dim):
             raise ValueError("cache was built for another config; build it with KVCache(model.cfg, ...)")
         if isinstance(cache, Cache) and getattr(cache, "batch_size", tokens.shape[0]) != tokens.shape[0]:
             raise ValueError(f"tokens batch size {tokens.shape[0]} does not match the cache's batch size "
                              f"{cache.batch_size}")
-        x = merge_embeds(self.tok_emb(tokens), embeds)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, start)
+        x = run_blocks(self.layers, merge_embeds(self.tok_emb(tokens), embeds), cos, sin, cache, start)
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.lm_head(self.norm(x))

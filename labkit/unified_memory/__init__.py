@@ -4,15 +4,11 @@ devices and the two-model experiment on them (tenants), a contiguous allocator, 
 notebook's experiments (explore), the loop's measured speed (speed), the fact-checks of the source material's
 claims (factcheck) and the exercises."""
 
-from . import (allocator, config, engine, exercises, explore, factcheck, jit, layouts, loop, memory_modes, policies,
-               prefetch, speed, state, tenants, timeline)
+from . import allocator, exercises, explore, factcheck, loop, policies, prefetch, speed, tenants
 from .config import UMConfig
-from .engine import Allocation, Stats, UnifiedMemory
-from .memory_modes import MemoryMode, PoolConfig, configure_memory
+from .engine import UnifiedMemory
 from .prefetch import density_node
-from .state import DEVICE, FREE, HOST
+from .state import DEVICE, HOST
 
-__all__ = ["allocator", "config", "engine", "exercises", "explore", "factcheck", "jit", "layouts", "loop",
-           "memory_modes", "policies", "prefetch", "speed", "state", "tenants", "timeline", "DEVICE", "FREE", "HOST",
-           "Allocation", "Stats", "UMConfig", "UnifiedMemory", "density_node", "MemoryMode", "PoolConfig",
-           "configure_memory"]
+__all__ = ["allocator", "exercises", "explore", "factcheck", "loop", "policies", "prefetch", "speed", "tenants",
+           "UMConfig", "UnifiedMemory", "density_node", "DEVICE", "HOST"]

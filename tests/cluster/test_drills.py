@@ -1,6 +1,5 @@
 """drills: notebook 08's runs against real processes (a fresh cluster per policy, a replica killed under load, a
 replica hung under load), and one request's answer as a line."""
-import openai
 import pytest
 
 from labkit.cluster import drills

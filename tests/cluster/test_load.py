@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labkit.cluster.load import (CONTEXT, LoadResult, Record, percentile, prefix_counts, prefix_hit_rate, run_load,
+from labkit.cluster.load import (CONTEXT, LoadResult, RequestOutcome, percentile, prefix_counts, prefix_hit_rate, run_load,
                                  shared_prefix_trace)
 from labkit.tinylm import load_pretrained
 from tests.cluster.conftest import chunked, fake_replica, raw_server, sse_head
@@ -50,18 +50,18 @@ def test_percentile_is_the_inclusive_quantile(values, q):
 
 
 def test_a_result_counts_and_summarises_its_records():
-    records = [Record(0, "answered", tokens=4, start=0.0, first=0.5, end=1.0),
-               Record(1, "failed", "APIConnectionError: Connection error.", start=0.0, end=0.2),
-               Record(2, "answered", tokens=6, start=1.0, first=1.1, end=3.0)]
+    records = [RequestOutcome(0, "answered", tokens=4, start=0.0, first=0.5, end=1.0),
+               RequestOutcome(1, "failed", "APIConnectionError: Connection error.", start=0.0, end=0.2),
+               RequestOutcome(2, "answered", tokens=6, start=1.0, first=1.1, end=3.0)]
     result = LoadResult(records, wall_s=4.0)
     assert (result.sent, result.answered, result.failed) == (3, 2, 1)
     assert result.tokens_per_s == 2.5 and result.latency_p50 == 1.5 and result.ttft_p50 == pytest.approx(0.3)
     assert result.errors() == {"APIConnectionError: Connection error.": 1}
     cut = "replica-2 failed mid-stream: RemoteProtocolError: peer closed connection without sending complete body"
-    broken = LoadResult([Record(i, "failed", f"APIError: {cut} (incomplete chunked read)", end=1.0) for i in range(2)],
+    broken = LoadResult([RequestOutcome(i, "failed", f"APIError: {cut} (incomplete chunked read)", end=1.0) for i in range(2)],
                         wall_s=1.0)
     assert broken.errors() == {cut[:100]: 2} and len(cut) > 100  # the type name the message repeats goes, 100 kept
-    assert LoadResult([Record(0)], 1.0).latency_p99 is None  # none answered: no percentile, not a NaN
+    assert LoadResult([RequestOutcome(0)], 1.0).latency_p99 is None  # none answered: no percentile, not a NaN
 
 
 @pytest.mark.timeout(120)

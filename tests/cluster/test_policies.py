@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from labkit.cluster.policies import (POLICIES, LeastOutstanding, Policy, PrefixAffinity, RoundRobin, make_policy,
+from labkit.cluster.policies import (ROUTING_POLICIES, LeastOutstanding, Policy, PrefixAffinity, RoundRobin, make_policy,
                                      prefix_key, rendezvous)
 from labkit.cluster.registry import Registry, Replica
 from tests.refusals import assert_refused
@@ -169,7 +169,7 @@ def test_bad_input_is_refused_by_name():
     assert_refused(lambda: rendezvous("k", []), ValueError, "ids", [], "non-empty")
     assert_refused(lambda: rendezvous("k", ["a", 2]), TypeError, "ids[1]", 2, "a string")
     assert_refused(lambda: rendezvous(3, ["a"]), TypeError, "key", 3, "a string")
-    for policy in map(make_policy, POLICIES):
+    for policy in map(make_policy, ROUTING_POLICIES):
         assert_refused(lambda: policy.choose([], {}), ValueError, "replicas", [], "non-empty")
         assert_refused(lambda: policy.choose(["r"], {}), TypeError, "replicas[0]", "r", "a Replica")
         assert_refused(lambda: policy.choose(pool, None), TypeError, "body", None, "a dict")

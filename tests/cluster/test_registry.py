@@ -6,7 +6,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from labkit.cluster.registry import EVENT_KINDS, EVENTS_KEPT, Event, Registry, RegistryError, Replica
+from labkit.cluster.registry import EVENT_KINDS, EVENTS_KEPT, ReplicaEvent, Registry, RegistryError, Replica
 from tests.refusals import assert_refused
 
 TIMEOUT = 1.0
@@ -183,7 +183,7 @@ def test_a_replica_s_life_in_the_events_log():
     assert [(e.kind, e.id) for e in reg.events] == [
         ("registered", "replica-1"), ("down", "replica-1"), ("heartbeat-revived", "replica-1"),
         ("removed", "replica-1"), ("registered", "replica-2"), ("deregistered", "replica-2")]
-    assert reg.events[1] == Event(100.5, "down", "replica-1", "connection refused")
+    assert reg.events[1] == ReplicaEvent(100.5, "down", "replica-1", "connection refused")
 
 
 def test_bad_arguments_are_refused_by_name_and_change_nothing():

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from labkit.cluster.scale import (ReplicaPlan, prefill_seconds, replica_options, replicas_for, replicas_needed,
                                   router_limit)
-from labkit.parallel import Cluster, LinkModel, Workload, planner
+from labkit.parallel import Hardware, LinkModel, Workload, planner
 from labkit.specs import device, model
 from tests.refusals import assert_refused
 
@@ -23,7 +23,7 @@ NV, IB = LinkModel.from_spec("nvlink4"), LinkModel.from_spec("ib-ndr-400")
 def test_the_chosen_replica_is_lab_04_s_estimate_at_the_largest_batch_meeting_tpot_or_a_halving():
     answer = replicas_for(50, "moe-3t", "h100-sxm", P, O, ttft=2.0, tpot=0.05)
     r = answer.replica
-    spec, big = model("moe-3t"), Cluster(64)  # a bigger cluster: more DP replicas, the same step
+    spec, big = model("moe-3t"), Hardware(64)  # a bigger cluster: more DP replicas, the same step
 
     def meets(batch: int) -> bool:
         step = planner.estimate(spec, big, Workload(batch, P + O), r.tp, r.pp, r.ep)
@@ -93,7 +93,7 @@ def test_prefill_of_one_token_is_lab_04_s_one_sequence_decode_for_a_dense_model(
     """One prompt token reads the weights once and is memory-bound: tp_decode_seconds' own arithmetic."""
     spec = model("llama-2-70b")
     for tp in (1, 2, 8):
-        got = prefill_seconds(spec, Cluster(1), tp, 1, 1, 1)
+        got = prefill_seconds(spec, Hardware(1), tp, 1, 1, 1)
         assert got == pytest.approx(planner.tp_decode_seconds(spec, "h100-sxm", "nvlink4", tp), rel=1e-9)
 
 
@@ -102,8 +102,8 @@ def test_prefill_of_a_long_prompt_by_hand():
     spec, p = model("llama-3-8b"), 4096
     flop = 2 * spec.active_params * p + 2 * p * p * spec.n_heads * (spec.d_model // spec.n_heads) * spec.n_layers
     assert flop / H100.peak_flops["bf16"] > spec.n_params * 2 / H100.bandwidth
-    assert prefill_seconds(spec, Cluster(1), 1, 1, 1, p) == pytest.approx(flop / H100.peak_flops["bf16"], rel=1e-12)
-    two = prefill_seconds(spec, Cluster(1), 2, 1, 1, p)  # halves the work, adds two all-reduces per layer
+    assert prefill_seconds(spec, Hardware(1), 1, 1, 1, p) == pytest.approx(flop / H100.peak_flops["bf16"], rel=1e-12)
+    two = prefill_seconds(spec, Hardware(1), 2, 1, 1, p)  # halves the work, adds two all-reduces per layer
     link = LinkModel.from_spec("nvlink4").collective("all_reduce", p * spec.d_model * 2, 2)
     assert two == pytest.approx(flop / 2 / H100.peak_flops["bf16"] + 2 * spec.n_layers * link, rel=1e-12)
 
@@ -125,7 +125,7 @@ def test_prefill_of_an_moe_layout_by_hand():
     send = IB.alpha + hidden / IB.beta
     by_hand = (pp * max(read / H100.bandwidth, flop / H100.peak_flops["bf16"]) + 2 * spec.n_layers * all_reduce
                + 2 * spec.moe_layers * all_to_all + (pp - 1) * send)
-    assert prefill_seconds(spec, Cluster(16), tp, pp, ep, p) == pytest.approx(by_hand, rel=1e-12)
+    assert prefill_seconds(spec, Hardware(16), tp, pp, ep, p) == pytest.approx(by_hand, rel=1e-12)
     assert flop / H100.peak_flops["bf16"] < read / H100.bandwidth  # memory-bound: every expert is read for P tokens
 
 
@@ -185,15 +185,15 @@ def test_bad_input_is_refused_by_name():
     for layout, name, value, why in [((5, 1, 1), "tp", 5, "does not divide the 96 heads"),
                                      ((1, 1, 3), "ep", 3, "does not divide the 64 experts"),
                                      ((1, 78, 1), "pp", 78, "exceeds the 77 layers")]:
-        assert_refused(lambda: prefill_seconds(model("moe-3t"), Cluster(32), *layout, 8), ValueError, name, value, why)
-    assert_refused(lambda: prefill_seconds(model("moe-3t"), Cluster(1), 8, 1, 16, 8), ValueError, "cluster",
-                   Cluster(1), "128 exceeds the 8 devices")
+        assert_refused(lambda: prefill_seconds(model("moe-3t"), Hardware(32), *layout, 8), ValueError, name, value, why)
+    assert_refused(lambda: prefill_seconds(model("moe-3t"), Hardware(1), 8, 1, 16, 8), ValueError, "cluster",
+                   Hardware(1), "128 exceeds the 8 devices")
     assert_refused(lambda: replicas_for(1, device_name="nvlink4"), ValueError, "device_name", "nvlink4", "computes")
     assert_refused(lambda: replicas_for(1, utilization=1.5), ValueError, "utilization", 1.5, "in (0, 1]")
     assert_refused(lambda: replicas_for(1, prompt_tokens=0), ValueError, "prompt_tokens", 0, "positive int")
     assert_refused(lambda: replicas_for(1, intra=3), TypeError, "intra", 3, "str")
     assert_refused(lambda: replicas_needed(1, "r"), TypeError, "replica", "r", "ReplicaPlan")
-    assert_refused(lambda: prefill_seconds(model("moe-3t"), Cluster(1), 0, 1, 1, 8), ValueError, "tp", 0, "positive")
+    assert_refused(lambda: prefill_seconds(model("moe-3t"), Hardware(1), 0, 1, 1, 8), ValueError, "tp", 0, "positive")
     assert_refused(lambda: router_limit(0, 0, 10), ValueError, "per_request_cpu_s", 0, "a positive cost")
     assert_refused(lambda: router_limit(-1e-3, 0, 10), ValueError, "per_request_cpu_s", -1e-3, "non-negative")
     assert_refused(lambda: router_limit(1e-3, 0, 10, cores=0), ValueError, "cores", 0, "positive int")

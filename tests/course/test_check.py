@@ -4,6 +4,7 @@ import torch
 
 from labkit.course import check
 from labkit import tinylm as lm
+from labkit.tinylm.config import random_config
 
 
 def reference(cfg):
@@ -14,7 +15,7 @@ CASES = [(lm.TinyLMConfig(),)]
 
 
 def random_case(rng):
-    return (lm.random_config(rng),)
+    return (random_config(rng),)
 
 
 def run(fn, capsys, **kw):

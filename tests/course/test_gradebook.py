@@ -71,7 +71,6 @@ def graded(tmp_path_factory):
     expected = build_class(notebooks, submissions)
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in submissions.rglob("*") if p.is_file()}
     out = root / "grades" / "gradebook.csv"
-    log = []
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(package))
         mp.setenv("PYTHONPATH", str(package))

@@ -5,7 +5,8 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from labkit.day0 import ConfigError, TextConfig, TinyVLMConfig, VisionConfig, small_config
+from labkit.day0 import ConfigError, TinyVLMConfig, small_config
+from labkit.day0.config import TextConfig, VisionConfig
 
 
 @settings(max_examples=40, deadline=None)

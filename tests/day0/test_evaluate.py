@@ -3,7 +3,10 @@ greedy decoding, and the release keeps the quality its model card claims (the is
 import pytest
 import torch
 
-from labkit.day0 import image_accuracy, image_task_correct, load_model, make_image_tasks, task_tokens, to_pixels
+from labkit.day0 import image_task_correct, make_image_tasks
+from labkit.day0.evaluate import image_accuracy, task_tokens
+from labkit.day0.images import to_pixels
+from labkit.day0.loading import load_model
 from labkit.paths import DATA
 from labkit.tinylm import ByteTokenizer
 

@@ -4,7 +4,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from PIL import Image
 
-from labkit.day0 import COLOURS, QUESTION_KINDS, SHAPES, Scene, draw, make_image_tasks, to_pixels
+from labkit.day0 import QUESTION_KINDS, make_image_tasks
+from labkit.day0.images import COLOURS, SHAPES, Scene, draw, to_pixels
 
 
 def components(img: Image.Image, rgb) -> int:

@@ -4,7 +4,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.day0 import TinyVLM, small_config, tp_plan
+from labkit.day0 import TinyVLM, small_config
+from labkit.day0.model import tp_plan
 from labkit.day0.config import TinyVLMConfig
 from labkit.tinylm import TinyLM, TinyLMConfig, linear_layers
 

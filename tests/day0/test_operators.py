@@ -4,8 +4,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from labkit.day0 import (BASELINE_OPERATORS, OPERATORS, TinyVLM, UnsupportedOperatorError, check_operators,
-                         qk_norm, register_operator, required_operators, small_config)
+from labkit.day0 import (BASELINE_OPERATORS, TinyVLM, UnsupportedOperatorError, register_operator, required_operators,
+                         small_config)
+from labkit.day0.operators import OPERATORS, check_operators, qk_norm
 
 
 @settings(max_examples=30, deadline=None)

@@ -20,7 +20,8 @@ import pytest
 import torch
 from PIL import Image
 
-from labkit.day0 import TinyVLM, make_image_tasks, small_config, to_pixels
+from labkit.day0 import TinyVLM, make_image_tasks, small_config
+from labkit.day0.images import to_pixels
 from labkit.day0.release import INDEX, ReleaseError, write_release
 from labkit.day0.loading import placed_sizes
 from labkit.day0.serve import ReleaseTokenizer, build_engine, check_release, encoder_model, kv_shape, rank_model

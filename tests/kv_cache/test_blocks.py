@@ -6,13 +6,13 @@ through its block table must give its computed tokens: wrong hits, uncomputed bl
 copies-on-write and evicted blocks in use all show); regressions; bad input. Images (lab 07): the machine's
 prompts may hold an image (a placeholder range with an image hash A or B over the same placeholder token), the
 shadow writes (token, image) into each slot, so a block shared between two different images shows."""
-import copy
 
 import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from labkit.kv_cache import BlockManager, LargerThanPoolError, OutOfBlocksError, blocks_needed, block_hash
+from labkit.kv_cache import BlockManager, LargerThanPoolError, blocks_needed, block_hash
+from labkit.kv_cache.blocks import OutOfBlocksError
 from labkit.kv_cache.sharing import prefill
 from tests.refusals import assert_refused
 

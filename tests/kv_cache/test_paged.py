@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from labkit.kv_cache import (BlockManager, OutOfBlocksError, PagedKVCache, gather, paged_attention, paged_generate,
-                             slots_of)
+from labkit.kv_cache import BlockManager, PagedKVCache, paged_attention, paged_generate, slots_of
+from labkit.kv_cache.blocks import OutOfBlocksError
+from labkit.kv_cache.paged import gather
 from labkit.tinylm import KVCache
 from tests.refusals import assert_refused
 

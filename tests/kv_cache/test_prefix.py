@@ -5,7 +5,7 @@ import struct
 
 from hypothesis import given, strategies as st
 
-from labkit.kv_cache import block_hash, hash_chain
+from labkit.kv_cache.prefix import block_hash, hash_chain
 from labkit.kv_cache.prefix import ROOT, CachedPool, check_spans, mm_extra_keys
 from tests.refusals import assert_refused
 

@@ -1,6 +1,5 @@
 """The decode runs the benchmark and notebook time: each does the same work as one forward over the whole text
 (its last logits equal the uncached model's), and can be re-run (rewinding) with the same result."""
-import pytest
 import torch
 
 from labkit.kv_cache import speed

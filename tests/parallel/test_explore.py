@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from labkit.parallel import explore, schedule  # noqa: E402
 from labkit.parallel.linkmodel import LinkModel  # noqa: E402
-from labkit.parallel.planner import Cluster, plan  # noqa: E402
+from labkit.parallel.planner import Hardware, plan  # noqa: E402
 
 
 def test_ring_steps_text():
@@ -23,14 +23,14 @@ def test_plots_draw_their_data():
     events = schedule.simulate("1f1b", 2, 3)
     ax = explore.plot_timeline(events, "1F1B")
     assert len(ax.patches) == 12 + 0 and ax.get_title() == "1F1B"
-    plans = plan("llama-3-70b", Cluster(1))
+    plans = plan("llama-3-70b", Hardware(1))
     axes = explore.plot_plan(plans[0])
     assert len(axes[0].patches) == len(plans[0].time)
     plt.close("all")
 
 
 def test_plan_rows_and_explorer(capsys):
-    rows = explore.plan_rows(plan("llama-3-70b", Cluster(1)), 64, 3)
+    rows = explore.plan_rows(plan("llama-3-70b", Hardware(1)), 64, 3)
     assert len(rows) == 3 and rows[0]["rejected because"] == "-"
     plans = explore.plan_explorer(static=True, model="llama-3-70b", nodes=1)
     out = capsys.readouterr().out

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from labkit.parallel import pipeline as pl
+from labkit.tinylm import KVCache
 from tests.refusals import assert_refused
 
 
@@ -81,3 +82,25 @@ def test_predicted_decode_seconds():
     link = LinkModel(1e-4, 1e9)
     assert pl.predicted_decode_seconds(TinyLMConfig(), 1, link, 1e-3) == 1e-3
     assert pl.predicted_decode_seconds(TinyLMConfig(), 2, link, 1e-3) == pytest.approx(1e-3 + 2e-4 + 512e-9 + 8e-9)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_stages_in_a_row_are_the_whole_model(stages, tinylm):
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    parts = [pl.Stage(tinylm, i, stages) for i in range(stages)]
+    owned = [sorted({int(n.split(".")[1]) for n, _ in p.named_parameters() if n.startswith("layers.")}) for p in parts]
+    assert owned == [list(range(a, b)) for a, b in pl.split_layers(tinylm.cfg.n_layers, stages)]
+    with torch.no_grad():
+        x = tokens
+        for part in parts:
+            x = part(x)
+        assert torch.equal(x, tinylm(tokens))  # the same blocks in the same order: bitwise
+        cache = KVCache(tinylm.cfg, max_len=16)  # a cached continuation, as pipeline_generate runs it
+        for step in (tokens[:1, :8], tokens[:1, 8:9]):
+            x = step
+            for part in parts:
+                x = part(x, cache)
+            cache.advance(step.shape[1])
+        ref = KVCache(tinylm.cfg, max_len=16)
+        tinylm(tokens[:1, :8], ref)
+        assert torch.equal(x, tinylm(tokens[:1, 8:9], ref))

@@ -18,9 +18,9 @@ def test_six_terabytes_and_the_card_counts():
     assert pl.min_devices(spec, 141e9) == 43
 
 
-@pytest.mark.parametrize("name,cluster", [("moe-3t", pl.Cluster(16)), ("deepseek-v3", pl.Cluster(4)),
-                                          ("kimi-k2", pl.Cluster(4, device="h200")),
-                                          ("llama-3.1-405b", pl.Cluster(2)), ("dense-320b", pl.Cluster(2))])
+@pytest.mark.parametrize("name,cluster", [("moe-3t", pl.Hardware(16)), ("deepseek-v3", pl.Hardware(4)),
+                                          ("kimi-k2", pl.Hardware(4, device="h200")),
+                                          ("llama-3.1-405b", pl.Hardware(2)), ("dense-320b", pl.Hardware(2))])
 def test_kept_plans_obey_the_constraints(name, cluster):
     spec, wl = model(name), pl.Workload(batch=32, context=4096)
     plans = pl.plan(name, cluster, wl)
@@ -39,7 +39,7 @@ def test_kept_plans_obey_the_constraints(name, cluster):
 
 
 def test_reasons():
-    spec, cl, wl = model("llama-3.1-405b"), pl.Cluster(2), pl.Workload()
+    spec, cl, wl = model("llama-3.1-405b"), pl.Hardware(2), pl.Workload()
     assert pl.estimate(spec, cl, wl, 16, 1, 1).reason == "TP=16 spans nodes (8 devices per node)"
     assert pl.estimate(spec, cl, wl, 3, 1, 1).reason == "TP=3 does not divide the 128 heads"
     assert pl.estimate(spec, cl, wl, 1, 1, 1).reason.startswith("needs ")
@@ -47,7 +47,7 @@ def test_reasons():
 
 
 def test_one_plan_by_hand():
-    spec, cl, wl = model("llama-3-70b"), pl.Cluster(1), pl.Workload(batch=1, context=1024)
+    spec, cl, wl = model("llama-3-70b"), pl.Hardware(1), pl.Workload(batch=1, context=1024)
     p = pl.estimate(spec, cl, wl, 8, 1, 1)
     weights = spec.n_params * 2 / 8
     kv = 1024 * spec.kv_bytes_per_token(2) / 8
@@ -60,10 +60,10 @@ def test_one_plan_by_hand():
 
 def test_nothing_fits_is_refused():
     with pytest.raises(ValueError, match="cluster must be a cluster on which some layout fits"):
-        pl.best("moe-3t", pl.Cluster(1))
-    assert_refused(lambda: pl.Cluster(0), ValueError, "nodes", 0, "a positive int")
-    assert_refused(lambda: pl.Cluster(1, device="nvlink4"), ValueError, "device", "nvlink4", "not a link")
-    assert_refused(lambda: pl.plan("moe-3t", pl.Cluster(1), objective="cost"), ValueError, "objective", "cost",
+        pl.best("moe-3t", pl.Hardware(1))
+    assert_refused(lambda: pl.Hardware(0), ValueError, "nodes", 0, "a positive int")
+    assert_refused(lambda: pl.Hardware(1, device="nvlink4"), ValueError, "device", "nvlink4", "not a link")
+    assert_refused(lambda: pl.plan("moe-3t", pl.Hardware(1), objective="cost"), ValueError, "objective", "cost",
                    "one of")
 
 
@@ -78,7 +78,7 @@ def test_tp_decode_seconds_by_hand():
 
 
 def test_sequences_are_whole_on_the_busiest_ep_rank():
-    spec, cl = model("deepseek-v3"), pl.Cluster(40)
+    spec, cl = model("deepseek-v3"), pl.Hardware(40)
     one = pl.estimate(spec, cl, pl.Workload(batch=1, context=131072), 1, 1, 256)
     per_sequence = 131072 * spec.kv_bytes_per_token(2)  # MLA: one latent per token, no TP split
     assert one.memory["kv_cache"] == pytest.approx(per_sequence)
@@ -91,7 +91,7 @@ def test_sequences_are_whole_on_the_busiest_ep_rank():
 
 
 def test_uneven_pp_stages_are_stated_and_the_largest_counts():
-    spec, cl, wl = model("deepseek-v3"), pl.Cluster(4), pl.Workload(batch=8, context=1024)
+    spec, cl, wl = model("deepseek-v3"), pl.Hardware(4), pl.Workload(batch=8, context=1024)
     p4, p1 = pl.estimate(spec, cl, wl, 8, 4, 1), pl.estimate(spec, cl, wl, 8, 1, 1)
     assert 61 % 4 and any("1 of 16 and 3 of 15" in n for n in p4.notes)
     assert p4.memory["kv_cache"] == pytest.approx(p1.memory["kv_cache"] * 16 / 61)
@@ -99,7 +99,7 @@ def test_uneven_pp_stages_are_stated_and_the_largest_counts():
 
 
 def test_nearest_miss_is_the_smallest_memory_excess():
-    plans = pl.plan("llama-3.1-405b", pl.Cluster(1, device="h200"), pl.Workload(batch=64, context=8192))
+    plans = pl.plan("llama-3.1-405b", pl.Hardware(1, device="h200"), pl.Workload(batch=64, context=8192))
     assert not any(p.fits for p in plans)
     miss = pl.nearest_miss(plans)
     assert miss.reason.startswith("needs ")
@@ -109,7 +109,7 @@ def test_nearest_miss_is_the_smallest_memory_excess():
 
 @pytest.mark.parametrize("name", ["tp", "pp", "ep"])
 def test_a_degree_below_one_is_refused_by_name(name):
-    spec, cl, wl = model("moe-3t"), pl.Cluster(1), pl.Workload()
+    spec, cl, wl = model("moe-3t"), pl.Hardware(1), pl.Workload()
     degrees = {"tp": 1, "pp": 1, "ep": 1}
     for bad in (0, -2):
         assert_refused(lambda: pl.estimate(spec, cl, wl, **{**degrees, name: bad}), ValueError, name, bad,
@@ -118,7 +118,7 @@ def test_a_degree_below_one_is_refused_by_name(name):
 
 def test_kv_cache_is_split_over_at_most_the_kv_heads():
     """TinyLM has 2 KV heads: at TP=4 each KV head is held by 2 ranks, so the cache is split 2 ways, not 4."""
-    spec, cl, wl = model("tinylm"), pl.Cluster(1), pl.Workload(batch=1, context=64)
+    spec, cl, wl = model("tinylm"), pl.Hardware(1), pl.Workload(batch=1, context=64)
     assert spec.n_kv_heads == 2
     per_sequence = 64 * 2 * spec.n_layers * 2 * spec.head_dim * 2  # K and V, 2 heads, BF16
     assert pl.estimate(spec, cl, wl, 2, 1, 1).memory["kv_cache"] == pytest.approx(per_sequence / 2)
@@ -128,7 +128,7 @@ def test_kv_cache_is_split_over_at_most_the_kv_heads():
 def test_ep_splits_only_the_routed_experts():
     """By hand for DeepSeek-V3 at TP=4: the dense part (attention, embeddings, shared experts, dense layers,
     routers) is cut 4 ways whatever EP is; each routed expert lives on one EP group, cut 4 ways inside it."""
-    spec, cl, wl = model("deepseek-v3"), pl.Cluster(4), pl.Workload(batch=8, context=1024)
+    spec, cl, wl = model("deepseek-v3"), pl.Hardware(4), pl.Workload(batch=8, context=1024)
     routed = spec.moe_layers * spec.n_experts * 3 * spec.d_model * spec.moe_d_ff  # SwiGLU: 3 matrices
     dense = spec.n_params - routed
     for ep in (1, 8):
@@ -156,7 +156,7 @@ def test_a_pipeline_sends_its_hidden_state_once_per_stage_boundary(pp):
     """p stages pass the batch's hidden state p - 1 times per step (NVLink within a node), by lab 04's link
     model; one stage sends nothing."""
     spec, wl = model("llama-3-70b"), pl.Workload(batch=8, context=4096)
-    plan = pl.estimate(spec, pl.Cluster(1), wl, 4, pp, 1)
+    plan = pl.estimate(spec, pl.Hardware(1), wl, 4, pp, 1)
     assert not plan.reason, plan.reason
     hidden = 8 * spec.d_model * wl.act_bytes
     assert plan.time["pp send"] == pytest.approx((pp - 1) * LinkModel.from_spec("nvlink4").send(hidden))

@@ -19,6 +19,17 @@ def test_tp2_logits_equal_the_single_process_model(tinylm, pool2):
     assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4
 
 
+@pytest.mark.timeout(60)
+def test_tp2_logits_of_tokens_from_every_rank_s_slice_of_the_vocabulary(tinylm, pool2):
+    """Text is ASCII (ids < 128: rank 0's half of the embedding); ids of every range make rank 1's rows and
+    rank 0's zeros for them count too."""
+    tokens = torch.stack([torch.arange(0, 256, 8), torch.arange(255, -1, -8)])  # [2, 32], both halves
+    with torch.no_grad():
+        ref = tinylm(tokens)
+    got = tp.tensor_parallel_logits(tinylm, tokens, 2, pool=pool2)
+    assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4
+
+
 @pytest.mark.timeout(90)
 def test_tp2_greedy_generation_equals_the_single_process_model(tinylm, pool2):
     tok = ByteTokenizer()
@@ -106,3 +117,34 @@ def test_predicted_step_seconds():
     expected = 1e-3 / 2 + 9 * link.collective("all_reduce", 512, 2) + link.collective("all_gather", 1024, 2)
     assert tp.predicted_step_seconds(cfg, 2, link, 1e-3) == pytest.approx(expected)
     assert tp.predicted_step_seconds(cfg, 1, link, 1e-3) == pytest.approx(1e-3)
+
+
+def test_the_table_picks_each_parallel_layer_and_tinylm_runs_its_own_forward(tinylm):
+    kinds = {"column": tp.ColumnParallelLinear, "row": tp.RowParallelLinear}
+    for rank in range(2):
+        sharded = tp.ShardedTinyLM(tinylm, rank, 2)
+        assert type(sharded.local) is type(tinylm)  # TinyLM's forward, not a copy of its loop
+        for entry in linear_layers(tinylm.cfg):
+            layer = sharded.local.get_submodule(entry.path)
+            want = kinds.get(entry.tp_style) or (tp.VocabParallelEmbedding if entry.layer_type == "embedding"
+                                                 else tp.VocabParallelHead)
+            assert type(layer) is want, entry.path
+            inner = layer.embedding if entry.layer_type == "embedding" else layer.linear
+            full = tinylm.get_submodule(entry.path).weight
+            assert torch.equal(inner.weight, tp.shard(full.detach(), entry.tp_style, rank, 2)), entry.path
+        assert sharded.local.tok_emb.embedding.weight is sharded.local.lm_head.linear.weight  # tied: one slice
+    assert all(tinylm.get_submodule(e.path).weight.shape == e.shape for e in linear_layers(tinylm.cfg))  # a copy
+
+
+def test_a_group_of_one_runs_in_process_and_equals_the_model_bitwise(tinylm):
+    from labkit.tinylm import KVCache
+    tokens = torch.tensor([ByteTokenizer().encode("The cat sat on the mat.")])
+    one = tp.ShardedTinyLM(tinylm, 0, 1)  # no process group: a group of one moves nothing
+    with torch.no_grad():
+        assert torch.equal(one(tokens), tinylm(tokens))
+        cache, ref = KVCache(tp.shard_config(tinylm.cfg, 1)), KVCache(tinylm.cfg)
+        one(tokens, cache)
+        tinylm(tokens, ref)
+        assert torch.equal(one(tokens[:, :1], cache), tinylm(tokens[:, :1], ref))
+    cfg, n = tinylm.cfg, 2 * tokens.shape[1] + 1  # tokens through the model: twice the sentence, then one
+    assert one.comm == {"all_reduce": tp.all_reduce_bytes_per_token(cfg, 1) * n, "all_gather": cfg.vocab_size * n}

@@ -4,7 +4,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.quant import QuantEmbedding, QuantLinear, quantize
+from labkit.quant import QuantLinear, quantize
+from labkit.quant.linear import QuantEmbedding
 from labkit.quant.linear import int4_kernel_available, to_int4pack
 
 from ..refusals import assert_refused

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from labkit.quant import SETTINGS, QTensor, QuantEmbedding, QuantLinear, Setting, quantize, quantize_model
+from labkit.quant import SETTINGS, QTensor, QuantLinear, quantize, quantize_model
+from labkit.quant.linear import QuantEmbedding
+from labkit.quant.policy import Setting
 from labkit.quant.policy import resolve_policy
 from labkit.tinylm import TinyLM, TinyLMConfig, linear_layers, param_counts, perplexity
 from labkit.tinylm import corpus as data

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.quant import SETTINGS, Setting, gptq, quality, quantize_model
+from labkit.quant import SETTINGS, gptq, quality, quantize_model
+from labkit.quant.policy import Setting
 from labkit.tinylm import TASK_KINDS, corpus, perplexity, task_correct
 
 from ..refusals import assert_refused

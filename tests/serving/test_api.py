@@ -200,8 +200,12 @@ BAD = [  # (endpoint, raw body, status, param, code)
      400, "messages[0].content[1].type", "invalid_value"),  # an image for the text-only TinyLM
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400,
      "messages[0].content", "invalid_type"),  # the field inside messages, as OpenAI names it
-    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}, 400, "messages",
-     "invalid_value"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}, 400,
+     "messages[0].content", "invalid_value"),  # a prompt of 0 tokens: the content it comes from, not "messages"
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": []}]}, 400,
+     "messages[0].content", "invalid_value"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "\ud800"}]}, 400, "messages",
+     "invalid_value"),  # text the tokenizer refuses: not an empty conversation
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a" * 300}]}, 400, "messages",
      "invalid_value"),  # past the context: the engine's "prompt" is the chat request's messages
     ("completions", {"model": MODEL, "prompt": "a" * 300}, 400, "prompt", "invalid_value"),
@@ -235,7 +239,8 @@ def test_a_refused_prompt_is_worded_for_the_request_that_sent_it(server):
 
 def test_the_service_still_answers_after_bad_input(server, client, model, tok):
     for body in (b"{", b'{"model": "tinylm", "prompt": "a", "max_tokens": 9999}'):
-        assert httpx.post(server[1].url + "/v1/completions", content=body).status_code == 400
+        r = httpx.post(server[1].url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400
     assert client.completions.create(model=MODEL, prompt="9+5=", max_tokens=6, temperature=0).choices[0].text \
         == reference(model, tok, "9+5=", 6)
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from labkit.serving import ModelRunner, StepInput
+from labkit.serving import ModelRunner
+from labkit.serving.batch import StepInput
 from labkit.serving.batch import PagedBatch, slot_table
 from tests.refusals import assert_refused
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from labkit.kv_cache import LargerThanPoolError
-from labkit.serving import Engine, EngineConfig, ModelRunner, SamplingParams, StepCost, Status
+from labkit.serving import Engine, EngineConfig, ModelRunner, SamplingParams, StepCost
+from labkit.serving.sequence import Status
 from labkit.tinylm import generate
 from tests.refusals import assert_refused
 

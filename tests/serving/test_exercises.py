@@ -9,7 +9,10 @@ import torch
 
 from labkit.kv_cache import BlockManager
 from labkit.rng import Rng
-from labkit.serving import Scheduler, SamplingParams, Sequence, Status, exercises as ex
+from labkit.serving import SamplingParams, exercises as ex
+from labkit.serving.config import EngineConfig
+from labkit.serving.scheduler import Scheduler
+from labkit.serving.sequence import Sequence, Status
 
 
 def top_p_filter(probs, p):
@@ -112,7 +115,7 @@ def scheduler_admits(running, waiting, budget, free_blocks, block_size, max_num_
     held = sum(-(-n // block_size) for n in running)
     bm = BlockManager(held + free_blocks + 64, block_size, enable_prefix_caching=False)
     bm.allocate("ballast", [1] * (64 * block_size))  # the pool is larger than the free blocks
-    sched = Scheduler(bm, "continuous", max_num_seqs, budget)
+    sched = Scheduler(bm, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget))
     for i, n in enumerate(running):
         seq = Sequence(f"run-{i}", [2] * n, SamplingParams(max_tokens=10, temperature=0), arrival=0.0)
         bm.allocate(seq.request_id, seq.tokens)

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from labkit.serving.metrics import Record, percentile, request_metrics, summarize
+from labkit.serving.metrics import RequestTimes, percentile, request_metrics, summarize
 from labkit.serving.sampling import SamplingParams
 from labkit.serving.sequence import Sequence
 from tests.refusals import assert_refused
 
 # Times are multiples of 1/8 s, exact in binary, so the hand-computed values below are exact too.
-A = Record("a", 1.0, (1.5, 1.75, 2.0, 2.5), 10)   # TTFT .5, E2EL 1.5, TPOT 1/3, ITL .25 .25 .5
-B = Record("b", 1.25, (2.25,), 4)                  # one token: TTFT 1, E2EL 1, no TPOT, no ITL
-C = Record("c", 2.0, (2.125, 2.375), 6)            # TTFT .125, E2EL .375, TPOT .25, ITL .25
+A = RequestTimes("a", 1.0, (1.5, 1.75, 2.0, 2.5), 10)   # TTFT .5, E2EL 1.5, TPOT 1/3, ITL .25 .25 .5
+B = RequestTimes("b", 1.25, (2.25,), 4)                  # one token: TTFT 1, E2EL 1, no TPOT, no ITL
+C = RequestTimes("c", 2.0, (2.125, 2.375), 6)            # TTFT .125, E2EL .375, TPOT .25, ITL .25
 
 
 def test_request_metrics_by_hand():
@@ -58,7 +58,7 @@ def sequence(rid, arrival, times, reason="length"):
 
 def test_a_sequence_is_a_record_and_failed_requests_are_left_out():
     seq = sequence("s", 1.0, [1.5, 1.75, 2.0, 2.5])
-    assert request_metrics(seq) == request_metrics(Record("s", 1.0, (1.5, 1.75, 2.0, 2.5), 3))
+    assert request_metrics(seq) == request_metrics(RequestTimes("s", 1.0, (1.5, 1.75, 2.0, 2.5), 3))
     aborted = sequence("x", 0.0, [9.0], "abort")
     refused = sequence("y", 0.0, [], "refused")
     s = summarize([seq, aborted, refused, C])
@@ -77,7 +77,7 @@ def test_tables_have_one_set_of_keys():
 
 
 def test_one_token_requests_only_have_no_tpot_statistics():
-    s = summarize([B, Record("d", 0.0, (0.5,), 1)])
+    s = summarize([B, RequestTimes("d", 0.0, (0.5,), 1)])
     assert math.isnan(s.stats["tpot"].mean) and math.isnan(s.stats["itl"].percentiles[99])
     assert s.stats["ttft"].mean == 750
 
@@ -88,7 +88,7 @@ request_st = st.tuples(st.floats(0, 100, allow_nan=False), times_st, st.integers
 
 def record(i, req):
     arrival, gaps, prompt = req
-    return Record(f"r{i}", arrival, tuple(np.cumsum([arrival] + gaps)[1:].tolist()), prompt)
+    return RequestTimes(f"r{i}", arrival, tuple(np.cumsum([arrival] + gaps)[1:].tolist()), prompt)
 
 
 @settings(max_examples=150, deadline=None)
@@ -144,9 +144,9 @@ def test_percentile_is_numpys_linear(xs, q):
 
 
 def test_bad_records_are_refused():
-    for rec, value, expected in ((Record("a", 1.0, (), 3), [], "at least one token time"),
-                                 (Record("a", 1.0, (0.5, 2.0), 3), [0.5, 2.0], "no earlier than the arrival"),
-                                 (Record("a", 1.0, (1.5, 2.0, 1.75), 3), [2.0, 1.75], "in order")):
+    for rec, value, expected in ((RequestTimes("a", 1.0, (), 3), [], "at least one token time"),
+                                 (RequestTimes("a", 1.0, (0.5, 2.0), 3), [0.5, 2.0], "no earlier than the arrival"),
+                                 (RequestTimes("a", 1.0, (1.5, 2.0, 1.75), 3), [2.0, 1.75], "in order")):
         assert_refused(lambda: request_metrics(rec), ValueError, "record.token_times", value, expected)
         assert_refused(lambda: summarize([C, rec]), ValueError, "records[1].token_times", value, expected)
     assert_refused(lambda: request_metrics(5), TypeError, "record", 5, "an object with arrival, token_times")
@@ -155,11 +155,11 @@ def test_bad_records_are_refused():
     assert_refused(lambda: request_metrics(seq), ValueError, "record.num_output_tokens", 3, "len(token_times) = 2")
     running = Sequence("r", [1], SamplingParams())
     assert_refused(lambda: summarize([running]), ValueError, "records[0]", running, "a finished request")
-    assert_refused(lambda: Record("", 0.0, (1.0,), 3), TypeError, "request_id", "", "a non-empty str")
-    assert_refused(lambda: Record("a", 0.0, "1.0", 3), TypeError, "token_times", "1.0", "a list of token times")
-    assert_refused(lambda: Record("a", 0.0, (1.0, math.nan), 3), ValueError, "token_times[1]", math.nan, "finite")
-    assert_refused(lambda: Record("a", math.inf, (1.0,), 3), ValueError, "arrival", math.inf, "finite")
-    assert_refused(lambda: Record("a", 0.0, (1.0,), 0), ValueError, "num_prompt_tokens", 0, "a positive int")
+    assert_refused(lambda: RequestTimes("", 0.0, (1.0,), 3), TypeError, "request_id", "", "a non-empty str")
+    assert_refused(lambda: RequestTimes("a", 0.0, "1.0", 3), TypeError, "token_times", "1.0", "a list of token times")
+    assert_refused(lambda: RequestTimes("a", 0.0, (1.0, math.nan), 3), ValueError, "token_times[1]", math.nan, "finite")
+    assert_refused(lambda: RequestTimes("a", math.inf, (1.0,), 3), ValueError, "arrival", math.inf, "finite")
+    assert_refused(lambda: RequestTimes("a", 0.0, (1.0,), 0), ValueError, "num_prompt_tokens", 0, "a positive int")
 
 
 def test_bad_summaries_are_refused():
@@ -172,7 +172,7 @@ def test_bad_summaries_are_refused():
     assert_refused(lambda: summarize([A], start=1.5), ValueError, "start", 1.5, "no later than the first arrival")
     assert_refused(lambda: summarize(A), TypeError, "records", A, "a list of Records")
     assert_refused(lambda: summarize([]), ValueError, "records", "0 records, 0 failed", "at least one completed")
-    assert_refused(lambda: summarize([Record("a", 1.0, (1.0,), 3)]), ValueError, "records", "every token at 1.0 s",
+    assert_refused(lambda: summarize([RequestTimes("a", 1.0, (1.0,), 3)]), ValueError, "records", "every token at 1.0 s",
                    "a duration > 0")
     assert_refused(lambda: percentile([], 50), ValueError, "values", [], "at least one number")
     assert_refused(lambda: percentile([1.0], 150), ValueError, "q", 150, "in [0, 100]")

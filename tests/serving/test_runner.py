@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from labkit.serving import ModelRunner, StepInput
+from labkit.serving import ModelRunner
+from labkit.serving.batch import StepInput
 from tests.refusals import assert_refused
 
 BS = 4

@@ -9,7 +9,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from labkit.kv_cache import LargerThanPoolError
-from labkit.serving import Engine, SamplingParams, Scheduler, StepCost, Status
+from labkit.serving import Engine, SamplingParams, StepCost
+from labkit.serving.config import EngineConfig
+from labkit.serving.scheduler import Scheduler
+from labkit.serving.sequence import Status
 from labkit.serving.mm import MultiModalInput
 from labkit.kv_cache import BlockManager
 from labkit.tinylm import TinyLM, TinyLMConfig, generate
@@ -173,13 +176,16 @@ def test_lower_priority_value_runs_first_and_max_wait_bounds_starvation(small):
 
 def test_scheduler_refusals():
     bm = BlockManager(4, 4)
-    assert_refused(lambda: Scheduler(bm, policy="fifo"), ValueError, "policy", "fifo", "one of")
-    assert_refused(lambda: Scheduler(bm, preemption="drop"), ValueError, "preemption", "drop", "one of")
-    assert_refused(lambda: Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=4), ValueError,
+    assert_refused(lambda: EngineConfig(policy="fifo"), ValueError, "policy", "fifo", "one of")
+    assert_refused(lambda: EngineConfig(preemption="drop"), ValueError, "preemption", "drop", "one of")
+    assert_refused(lambda: EngineConfig(max_num_seqs=8, max_num_batched_tokens=4), ValueError,
                    "max_num_batched_tokens", 4, ">= max_num_seqs")
-    assert_refused(lambda: Scheduler(bm, max_wait=0), ValueError, "max_wait", 0, "positive")
-    assert_refused(lambda: Scheduler("bm"), TypeError, "block_manager", "bm", "BlockManager")
-    assert_refused(lambda: Scheduler(bm).add("req"), TypeError, "seq", "req", "a labkit.serving.Sequence")
+    assert_refused(lambda: EngineConfig(max_wait=0), ValueError, "max_wait", 0, "positive")
+    config = EngineConfig(max_num_batched_tokens=64)
+    assert_refused(lambda: Scheduler("bm", config), TypeError, "block_manager", "bm", "BlockManager")
+    assert_refused(lambda: Scheduler(bm, {"policy": "static"}), TypeError, "config", "policy", "an EngineConfig")
+    assert_refused(lambda: Scheduler(bm, EngineConfig()), ValueError, "config.max_num_batched_tokens", None, "resolve")
+    assert_refused(lambda: Scheduler(bm, config).add("req"), TypeError, "seq", "req", "a labkit.serving.Sequence")
 
 
 def test_a_request_larger_than_the_pool_is_refused_and_nothing_changes(small):

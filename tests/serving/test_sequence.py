@@ -1,7 +1,8 @@
 """Sequence: a request's tokens, state and timestamps; bad requests refused naming the field."""
 import pytest
 
-from labkit.serving import SamplingParams, Sequence, Status
+from labkit.serving import SamplingParams
+from labkit.serving.sequence import Sequence, Status
 from tests.refusals import assert_refused
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from labkit.parallel import Pool, RankError
-from labkit.serving import Engine, ModelRunner, SamplingParams, StepInput
+from labkit.serving import Engine, ModelRunner, SamplingParams
+from labkit.serving.batch import StepInput
 from labkit.serving.launch import start_service
 from labkit.parallel.tensor import ShardedTinyLM
 from labkit.serving.tp import TPRunner, built_tp_engine, tp_engine

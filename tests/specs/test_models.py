@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from labkit import specs
+from labkit.specs.models import MODELS
 from labkit.tinylm import KVCache, TinyLMConfig
 
 from ..refusals import assert_refused
@@ -147,7 +148,7 @@ def test_model_names_that_are_not_strings_are_a_type_error(name):
 
 
 def test_model_names_are_the_presets_and_tinylm_last():
-    assert specs.model_names() == [*specs.MODELS, "tinylm"]
+    assert specs.model_names() == [*MODELS, "tinylm"]
     assert all(specs.model(n).name == n for n in specs.model_names())
 
 

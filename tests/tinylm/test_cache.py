@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit import tinylm as lm
+from labkit.tinylm.cache import BatchedCache
 
 from ..refusals import assert_refused
 
@@ -179,7 +180,7 @@ def test_a_packed_batch_equals_each_sequence_alone(pretrained):
     third, give each the logits of its own uncached forward."""
     model, _ = pretrained
     a, b, c = [5, 6, 7, 8, 9], [40, 41, 42], [70, 71, 72, 73]
-    assert isinstance(ListBatch(model.cfg, []), lm.BatchedCache)
+    assert isinstance(ListBatch(model.cfg, []), BatchedCache)
     cache = ListBatch(model.cfg, [("a", 0, 4), ("b", 0, 3)])
     with torch.no_grad():
         packed = model(torch.tensor([a[:4] + b]), cache)[0]

@@ -4,6 +4,7 @@ import torch.nn as nn
 
 from labkit import specs
 from labkit import tinylm as lm
+from labkit.tinylm.config import random_config
 from labkit.rng import Rng
 
 from ..refusals import assert_refused
@@ -11,7 +12,7 @@ from ..refusals import assert_refused
 
 def test_param_counts_match_the_module():
     for seed in range(30):
-        cfg = lm.random_config(Rng(seed))
+        cfg = random_config(Rng(seed))
         m = lm.TinyLM(cfg)
         by_type = {}
         for name, p in m.named_parameters():  # named_parameters lists a tied weight once
@@ -37,7 +38,7 @@ def test_bad_config_is_refused():
 
 def test_the_table_lists_every_weight_matrix_once_with_its_shape():
     for seed in range(20):
-        cfg = lm.random_config(Rng(seed))
+        cfg = random_config(Rng(seed))
         m = lm.TinyLM(cfg)
         table = lm.linear_layers(cfg)
         paths = [e.path for e in table]
@@ -113,6 +114,6 @@ def test_configs_counts_and_tables_refuse_the_wrong_types():
     assert_refused(lambda: lm.TinyLMConfig(norm_eps=True), TypeError, "norm_eps", True, "a positive finite number")
     assert_refused(lambda: lm.TinyLMConfig(norm_eps=0.0), ValueError, "norm_eps", 0.0, "a positive finite number")
     assert_refused(lambda: lm.param_counts({"d_model": 3}), TypeError, "cfg", {"d_model": 3}, "a TinyLMConfig")
-    assert_refused(lambda: lm.random_config(3), TypeError, "rng", 3, "a labkit.rng.Rng")
+    assert_refused(lambda: random_config(3), TypeError, "rng", 3, "a labkit.rng.Rng")
     m = lm.TinyLM(lm.TinyLMConfig(n_layers=1))
     assert_refused(lambda: list(lm.iter_linears(m, skip_tied="yes")), TypeError, "skip_tied", "yes", "True or False")

@@ -1,4 +1,4 @@
-"""Generation: cached equals uncached, seeded sampling, top-k, stop tokens; sample() against the softmax by a
+"""Generation: cached equals uncached, seeded sampling, top-k, stop tokens; sample_top_k() against the softmax by a
 chi-square test; bad arguments refused."""
 import math
 
@@ -7,6 +7,7 @@ import torch
 
 from labkit.tinylm import corpus as data
 from labkit import tinylm as lm
+from labkit.tinylm.generate import sample_top_k
 
 from ..refusals import assert_refused
 from .models import small_model
@@ -35,7 +36,7 @@ def test_sampled_frequencies_follow_the_softmax(logits, temperature, top_k):
     x = torch.tensor(logits)
     counts = [0] * len(logits)
     for _ in range(n):
-        counts[lm.sample(x, temperature, top_k, gen)] += 1
+        counts[sample_top_k(x, temperature, top_k, gen)] += 1
     p = softmax_by_hand(logits, temperature, top_k)
     assert all(c == 0 for c, q in zip(counts, p) if q == 0), counts  # a masked token is never drawn
     drawn = [(c, q) for c, q in zip(counts, p) if q > 0]
@@ -46,17 +47,17 @@ def test_sampled_frequencies_follow_the_softmax(logits, temperature, top_k):
 def test_sample_refuses_what_it_cannot_draw_from():
     gen, x = torch.Generator().manual_seed(0), torch.tensor([0.0, 1.0])
     nan, inf = float("nan"), float("inf")
-    assert_refused(lambda: lm.sample(x, True, None, gen), TypeError, "temperature", True, "a finite number >= 0")
-    assert_refused(lambda: lm.sample(x, -1.0, None, gen), ValueError, "temperature", -1.0, "a finite number >= 0")
-    assert_refused(lambda: lm.sample(x, 1.0, 3, gen), ValueError, "top_k", 3, "an int in [1, 2]")
-    assert_refused(lambda: lm.sample(x, 1.0, None, 0), TypeError, "gen", 0, "a torch.Generator")
-    assert_refused(lambda: lm.sample([0.0, 1.0], 1.0, None, gen), TypeError, "logits", [0.0, 1.0], "a 1-D float")
+    assert_refused(lambda: sample_top_k(x, True, None, gen), TypeError, "temperature", True, "a finite number >= 0")
+    assert_refused(lambda: sample_top_k(x, -1.0, None, gen), ValueError, "temperature", -1.0, "a finite number >= 0")
+    assert_refused(lambda: sample_top_k(x, 1.0, 3, gen), ValueError, "top_k", 3, "an int in [1, 2]")
+    assert_refused(lambda: sample_top_k(x, 1.0, None, 0), TypeError, "gen", 0, "a torch.Generator")
+    assert_refused(lambda: sample_top_k([0.0, 1.0], 1.0, None, gen), TypeError, "logits", [0.0, 1.0], "a 1-D float")
     for bad in ([nan, 1.0], [inf, 1.0], [-inf, -inf]):
-        assert_refused(lambda: lm.sample(torch.tensor(bad), 1.0, None, gen), ValueError, "logits", bad,
+        assert_refused(lambda: sample_top_k(torch.tensor(bad), 1.0, None, gen), ValueError, "logits", bad,
                        "finite numbers or -inf")
     with pytest.raises(ValueError, match="logits must be a non-empty 1-D float tensor"):
-        lm.sample(torch.tensor([1, 2]), 1.0, None, gen)
-    assert lm.sample(torch.tensor([0.0, -inf, 5.0]), 0.0, None, gen) == 2
+        sample_top_k(torch.tensor([1, 2]), 1.0, None, gen)
+    assert sample_top_k(torch.tensor([0.0, -inf, 5.0]), 0.0, None, gen) == 2
 
 
 def test_cached_generation_equals_uncached_token_for_token(pretrained):

@@ -117,7 +117,7 @@ def test_rope_preserves_norms_and_depends_only_on_offsets():
 
 
 def test_merge_embeds_writes_the_given_rows_and_nothing_else():
-    from labkit.tinylm import merge_embeds
+    from labkit.tinylm.model import merge_embeds
     x = torch.randn(2, 3, 4)
     rows, values = torch.tensor([1, 4]), torch.randn(2, 4)
     out = merge_embeds(x, (rows, values))
@@ -128,3 +128,31 @@ def test_merge_embeds_writes_the_given_rows_and_nothing_else():
                        ((rows.float(), values), ValueError), ([rows, values], TypeError)]:
         with pytest.raises(error, match="embeds"):
             merge_embeds(x, bad)
+
+
+def test_run_blocks_slices_compose_to_the_forward_loop():
+    from labkit.tinylm.model import run_blocks
+    m = small_model(n_layers=3)
+    x = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        cos, sin, start = m.rope(x, None)
+        h = m.tok_emb(x)
+        for a, b in ((0, 1), (1, 3)):  # two pipeline stages' slices, one after the other
+            h = run_blocks(m.layers, h, cos, sin, None, start, a, b)
+        assert torch.equal(m.lm_head(m.norm(h)), m(x))
+        holes = [None, m.layers[1], None]  # a stage's list: the blocks it does not own are never touched
+        assert torch.equal(run_blocks(holes, h, cos, sin, None, 0, 1, 2), m.layers[1](h, cos, sin, None, 1, 0))
+
+
+def test_attention_reads_its_head_counts_from_its_projections():
+    m = small_model()
+    attn, cfg = m.layers[0].attn, m.cfg
+    x = torch.randn(2, 5, cfg.d_model)
+    with torch.no_grad():
+        q, k, v = attn.qkv(x)
+        assert q.shape == (2, cfg.n_heads, 5, cfg.head_dim) and k.shape == v.shape == (2, cfg.n_kv_heads, 5, cfg.head_dim)
+        hd = cfg.head_dim  # keep query heads 2..3 and their KV head 1: a tensor-parallel rank's attention
+        for name, rows in (("wq", slice(2 * hd, 4 * hd)), ("wk", slice(hd, 2 * hd)), ("wv", slice(hd, 2 * hd))):
+            getattr(attn, name).weight = torch.nn.Parameter(getattr(attn, name).weight[rows])
+        q2, k2, v2 = attn.qkv(x)
+    assert torch.equal(q2, q[:, 2:]) and torch.equal(k2, k[:, 1:]) and torch.equal(v2, v[:, 1:])

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.unified_memory import DEVICE, FREE, HOST, UnifiedMemory
+from labkit.unified_memory import DEVICE, HOST, UnifiedMemory
+from labkit.unified_memory.state import FREE
 
 from ..refusals import assert_refused
 from .reference import Reference

@@ -2,7 +2,8 @@
 the burst order is counted by hand."""
 import pytest
 
-from labkit.unified_memory import configure_memory, memory_modes, tenants
+from labkit.unified_memory import memory_modes, tenants
+from labkit.unified_memory.memory_modes import configure_memory
 
 from ..refusals import assert_refused
 
