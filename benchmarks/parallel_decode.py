@@ -10,7 +10,9 @@ the pattern decode has), compared by the course's evidence rule; TP=2 and PP=2 g
 Predictions: labkit.parallel.tensor.predicted_step_seconds (compute / 2 + 9 all-reduces + one all-gather)
 and labkit.parallel.pipeline.predicted_decode_seconds (the whole step + one send + one broadcast), priced
 with the after-compute alpha. Goal: each prediction within 2x of the measurement; a miss is printed with the
-cost per collective the step actually paid. Run it alone. Copy the output into benchmarks/RESULTS.md.
+cost per collective the step actually paid. Then the TP=2 step taken apart from timestamps on both ranks
+(labkit.parallel.decode.step_timeline): each part of a step per rank, each collective's wait for the peer,
+time in the collective and late exit, and the spread of the collectives. Run it alone. Copy the output into benchmarks/RESULTS.md.
 """
 
 import statistics
@@ -26,6 +28,7 @@ def main(tokens: int = 48) -> None:
     with Pool(2) as pool:
         run = decode.measure(model, prompt, pool, tokens)
         pp = statistics.median(pipeline.pipeline_generate(model, prompt, tokens, 2, pool=pool)["seconds"])
+        timeline = decode.step_timeline(model, prompt, pool, tokens, alpha=run.link.alpha)
     print(run.measured())
     print(run.alphas())
     print(run.prediction())
@@ -34,6 +37,12 @@ def main(tokens: int = 48) -> None:
     ratio = pp / predicted
     print(f"PP=2: {pp * 1e3:.2f} ms/token ({run.single_step / pp:.2f}x the single process), predicted "
           f"{predicted * 1e3:.2f} ms: measured/predicted {ratio:.2f} ({'within' if 0.5 <= ratio <= 2 else 'outside'} 2x)")
+    print("\nThe TP=2 step from timestamps on both ranks:")
+    print(timeline.table())
+    print(timeline.explain())
+    print(timeline.tail())
+    print(f"step {timeline.steps // 2}, collective by collective:")
+    print(timeline.timeline(timeline.steps // 2))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Continuous batching against static batching (and chunked prefill) on the same trace, measured in one run
 (issue 14: continuous at least 2x the output tokens/s of static at a request rate where static queues).
 
-    python benchmarks/serving_batching.py [--n 600] [--repeats 3] [--max-num-seqs 32]
+    python benchmarks/serving_batching.py [--n 600] [--repeats 3] [--max-num-seqs 32] [--fractions 0.5,1,2,inf]
 
 The trace is labkit.serving.workload.make_trace (the course's task prompts, 20% long-tailed outputs, Poisson
 arrivals). Each policy replays it on a fresh Engine with the "measured" clock: time advances by the measured
@@ -10,8 +10,9 @@ so the figures are real compute times on this machine without sleeping. The poli
 times; medians are compared. Output tokens/s = output tokens / (last token - first arrival).
 
 First the offered load is calibrated: continuous batching's capacity at rate inf (everything at once), in
-requests/s; the rates then tried are 0.5, 1 and 2 times it, and everything at once. "Static queues" is read from its own numbers: its mean
-time to first token exceeds twice its mean time per request in service.
+requests/s; the rates then tried are 0.5, 1 and 2 times it, and everything at once (--fractions 2,inf: only the
+two rates of the goal, e.g. to afford more repeats on a noisy machine). "Static queues" is read from its own
+numbers: its mean time to first token exceeds twice its mean time per request in service.
 """
 
 import argparse
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-num-seqs", type=int, default=32, help="the batch limit of every policy")
+    parser.add_argument("--fractions", default="0.5,1,2,inf", help="the rates tried, as fractions of the capacity")
     args = parser.parse_args()
     torch.manual_seed(0)
     model, _ = load_pretrained()
@@ -48,7 +50,7 @@ def main() -> None:
         make_trace(args.n, float("inf")))).request_throughput
     print(f"torch threads {torch.get_num_threads()}, max_num_seqs {args.max_num_seqs}; continuous batching's "
           f"capacity: {capacity:.1f} requests/s ({args.n} requests at once)")
-    for fraction in (0.5, 1.0, 2.0, float("inf")):
+    for fraction in (float(f) for f in args.fractions.split(",")):
         rate = fraction * capacity
         trace = make_trace(args.n, rate)
         runs = {p: [] for p in POLICIES}

@@ -1,19 +1,20 @@
-"""The HTTP service against the in-process engine on the same requests, measured in one run (issue 14: 32
-concurrent streaming clients get at least 80% of the in-process engine's output tokens/s).
+"""The HTTP service against the in-process engine on the same requests, measured in one run (issue 27: 32
+concurrent streaming clients get at least 90% of the in-process engine's output tokens/s; issue 14 asked 80%).
 
     python benchmarks/serving_http.py [--clients 32] [--max-tokens 64] [--repeats 3] [--intervals 1 8]
 
 In-process: labkit.serving.Engine on the wall clock, the 32 requests added at once and run to completion, with
 as many torch threads as the service uses (its --threads default: the cores but one) and with torch's default.
-HTTP: `python -m labkit.serving --model data/tinylm --port 0` in its own process (labkit.serving.launch), and
+HTTP: `python -m labkit.serving --model data/tinylm --port 0` in its own process (labkit.serving.launch: the API
+process, which spawns the engine-core process), and
 `clients` concurrent streaming completions from one `openai.AsyncOpenAI` client here (temperature 0, the same
 prompts and max_tokens, stream_options.include_usage for the token count; 32 threads with the sync client
 cost more CPU per token). Tokens/s = output tokens / (last token - start). The runs take turns, `repeats`
 times; the ratio of medians is printed with the per-repeat ratios. The client shares the machine's cores with
 the server, as a load generator on the same host does. The service is started once per stream interval
 (`--stream-interval`: tokens per streamed chunk at least; 1 sends every token as it is made). The CPU seconds
-the server process and this client process spent per output token are printed beside the ratio: they say
-where a shortfall comes from.
+the server's processes (the API process, and the engine process it spawned) and this client process spent per
+output token are printed beside the ratio: they say where a shortfall comes from.
 """
 
 import argparse
@@ -30,7 +31,7 @@ from labkit.serving.launch import start_service
 from labkit.serving.workload import make_trace
 from labkit.tinylm import ByteTokenizer, load_pretrained
 
-GOAL = 0.8
+GOAL = 0.9
 
 
 def in_process(model, prompts, max_tokens: int, threads: int) -> float:
@@ -50,6 +51,15 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (Linux /proc)."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc): the service's engine process (and its TP ranks' parent)."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
 
 
 def over_http(base_url: str, texts: list[str], max_tokens: int) -> float:
@@ -100,13 +110,15 @@ def main() -> None:
         with start_service(args=["--stream-interval", str(interval)], timeout=120, threads=served) as service:
             over_http(service.url, texts[:4], 4)  # warm-up, both sides
             in_process(model, prompts[:4], 4, default)
-            runs, server_cpu, client_cpu = {"same": [], "default": [], "http": []}, [], []
+            runs, api_cpu, engine_cpu, client_cpu = {"same": [], "default": [], "http": []}, [], [], []
+            engines = children(service.pid)
             for _ in range(args.repeats):
                 runs["same"].append(in_process(model, prompts, args.max_tokens, served))
                 runs["default"].append(in_process(model, prompts, args.max_tokens, default))
-                s0, c0 = cpu_seconds(service.pid), time.process_time()
+                s0, e0, c0 = cpu_seconds(service.pid), sum(map(cpu_seconds, engines)), time.process_time()
                 runs["http"].append(over_http(service.url, texts, args.max_tokens))
-                server_cpu.append((cpu_seconds(service.pid) - s0) / tokens)
+                api_cpu.append((cpu_seconds(service.pid) - s0) / tokens)
+                engine_cpu.append((sum(map(cpu_seconds, engines)) - e0) / tokens)
                 client_cpu.append((time.process_time() - c0) / tokens)
         med = {k: statistics.median(v) for k, v in runs.items()}
         ratios = [h / i for h, i in zip(runs["http"], runs["same"])]
@@ -119,7 +131,8 @@ def main() -> None:
               f"    http / in-process at the same threads = {ratio:.2f} (per repeat "
               f"{', '.join(f'{r:.2f}' for r in ratios)}): {verdict}; against {default} threads: "
               f"{med['http'] / med['default']:.2f}\n"
-              f"    CPU per output token: server {statistics.median(server_cpu) * 1e6:.0f} us, openai client "
+              f"    CPU per output token: server API process {statistics.median(api_cpu) * 1e6:.0f} us, engine "
+              f"process {statistics.median(engine_cpu) * 1e6:.0f} us, openai client "
               f"{statistics.median(client_cpu) * 1e6:.0f} us; in-process wall per token "
               f"{1e6 / med['same']:.0f} us ({served} thread)")
 

@@ -6,6 +6,6 @@ def test_paths_exist():
     assert (paths.ROOT / "pyproject.toml").is_file()
     assert paths.NOTEBOOKS.is_dir() and any(paths.NOTEBOOKS.glob("00_*.ipynb"))
     assert paths.HARDWARE_JSON.is_file()
-    assert paths.TINYLM_CHECKPOINT.with_suffix(".safetensors").is_file()
-    assert paths.TINYLM_CHECKPOINT.with_suffix(".json").is_file()
+    assert (paths.TINYLM_CHECKPOINT / "config.json").is_file()
+    assert (paths.TINYLM_CHECKPOINT / "model.safetensors").is_file()
     assert paths.DATA == paths.ROOT / "data"

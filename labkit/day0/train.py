@@ -171,7 +171,7 @@ reads its own slices) or whole in one process with `labkit.day0.load_model` (the
   vocabulary is 264 ids: 256 bytes, the image placeholder {cfg.image_token_id}, 7 reserved.
 - Prompt format: {cfg.tokens_per_image} placeholder ids per image, then the question: `colour=`, `shape=`,
   `count=` (shape scenes) or `digit=` (digit scenes); the model answers and ends with a newline. In chat, a message's parts are concatenated in order.
-- Initialised from TinyLM (data/tinylm.safetensors) and trained on three streams per step: TinyLM's corpus with
+- Initialised from TinyLM (data/tinylm) and trained on three streams per step: TinyLM's corpus with
   TinyLM as the teacher, TinyLM's tasks from the train split, and the image questions (see
   labkit/day0/train.py); recipe {json.dumps(meta["recipe"])}.
 - Trained in {meta["train_seconds"] / 60:.1f} minutes on {meta["machine"]} (torch threads: {meta["threads"]}),

@@ -19,7 +19,9 @@ metrics, and an OpenAI-compatible HTTP service (`python -m labkit.serving --mode
                template; lab 07's VLMProcessor adds images)
     protocol   OpenAI's request and response bodies, APIError
     stream     RequestStream, Chunk: one request's output as an asyncio stream of text
-    service    Service: one engine on one thread behind those streams
+    core       the engine core's typed messages (AddRequest, AbortRequest, Stop; Outputs, Ready, Failed), EngineCore
+               (the one loop over an Engine) and run_engine_core (the engine process's main)
+    service    Service: one engine behind those streams, on its own thread or in its own process
     api        make_app (FastAPI: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics,
                /openapi.json with /docs and /redoc),
                ServerThread (uvicorn in a thread); `python -m labkit.serving` starts it all

@@ -2,12 +2,13 @@
 (notebook 06, section 7 starts it as a subprocess; notebook 07 serves TinyVLM's release with it).
 
     python -m labkit.serving --model data/tinylm --port 8000            # then: curl localhost:8000/health
-    python -m labkit.serving --model data/tinylm.safetensors --port 0   # port 0: a free port, printed
+    python -m labkit.serving --model data/tinylm --port 0               # port 0: a free port, printed
     python -m labkit.serving --model data/tinyvlm --tp 2 --port 0       # a Hugging Face-style release folder
     python -m labkit.serving --model data/tinylm --port 0 --register http://127.0.0.1:9000  # join a router (lab 08)
 
---model is a TinyLM checkpoint (PATH.safetensors + PATH.json), or a release folder (config.json and its
-safetensors shards). A release is served by the loader its config.json's "model_type" names in MODEL_TYPES:
+--model is a release folder (config.json and its safetensors shards). TinyLM's own release (model_type "llama",
+labkit.tinylm.checkpoint) is served here; another release is served by the loader its config.json's
+"model_type" names in MODEL_TYPES:
 "module:function" strings imported only when that model is served, the way vLLM's ModelRegistry maps
 architectures to lazily imported model classes (vllm/model_executor/models/registry.py, _LazyRegisteredModel;
 ModelRegistry.register_model also takes "module:Class" strings; vLLM keys on config.json's "architectures",
@@ -18,17 +19,24 @@ The options vLLM also has are spelled as vLLM spells them (vllm/engine/arg_utils
 (-tp; --tp is the same option), --max-num-seqs, --block-size, --enable-prefix-caching / --no-enable-prefix-caching
 (default on, as in vLLM's V1 engine), --served-model-name (one name; vLLM takes several, the first answering).
 
+Two processes serve TinyLM's release, as vLLM V1 splits them: this one (the HTTP server, tokenization,
+detokenization, stop strings) and the engine-core process it spawns (the Engine: scheduler, model runner, and
+with --tp its gloo ranks), talking through a pipe with the typed messages of labkit.serving.core; /health
+reports the engine process ({"engine": {"pid", "alive"}}). Another model type's release (lab 07's TinyVLM) is
+served by one process: its processor (the vision encoder) and its engine come from one loader.
+
 The HTTP server listens first and the model loads behind it (/health answers 503 until a one-token forward
-succeeded), then one line goes to stdout: "serving <model> on http://HOST:PORT/v1". SIGTERM or SIGINT stops
-it cleanly (exit code 0). A missing checkpoint, a folder that is not a release of a known model type, a --tp
-that does not divide the model, or another bad option exits with code 2 and a message; a checkpoint that fails
-to load (for a release: a rank that cannot read its slices, named with the cause), or an engine that fails
-while serving, exits with code 1.
+succeeded), then one line goes to stdout: "serving <model> on http://HOST:PORT/v1". SIGTERM or SIGINT stops it
+cleanly (exit code 0). A missing release, a folder that is not a release of a known model type, a --tp that does
+not divide the model, or another bad option exits with code 2 and a message; a release that fails to load (a
+rank that cannot read its slices, named with the cause), or an engine that fails while serving (an engine
+process that died included), exits with code 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -41,16 +49,19 @@ import torch
 
 from .._checks import fail
 from ..parallel import tensor
-from ..tinylm import TinyLMConfig, load_pretrained
+from ..tinylm import read_config
 from .api import ServerThread, make_app
 from .register import Registrar, check_http_url, routable_url
 from .config import DEFAULT_BLOCK_SIZE, EngineConfig
 from .config import SCHEDULING_POLICIES, PREEMPTION_MODES
+from .core import checkpoint_engine
 from .service import Service
 
 DEFAULTS = EngineConfig()  # the options' defaults are the engine's own
 
 
+TINYLM_MODEL_TYPE = "llama"
+"""config.json's model_type of TinyLM's release (a Llama, labkit.tinylm.checkpoint): served by this package."""
 MODEL_TYPES = {"tinyvlm": "labkit.day0.serve:engine_loader"}
 """config.json's model_type -> "module:function": function(args, config: EngineConfig) checks the options against
 the release (--tp, the folder) raising ValueError / TypeError / OSError that say why, and returns the Service's
@@ -74,18 +85,6 @@ def release_config(path: str) -> dict | None:
     if not isinstance(config, dict):
         raise ValueError(f"{file}: a JSON {type(config).__name__}, expected an object")
     return config
-
-
-def checkpoint_stem(path: str) -> Path | None:
-    """The checkpoint's path without suffix (what load_pretrained takes) for `path` given as the stem, the
-    .safetensors or the .json file, or a folder holding one checkpoint; None when there is none."""
-    p = Path(path)
-    if p.is_dir():
-        stems = sorted({f.with_suffix("") for f in p.glob("*.safetensors") if f.with_suffix(".json").is_file()})
-        return stems[0].resolve() if len(stems) == 1 else None
-    stem = p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
-    found = stem.with_suffix(".safetensors").is_file() and stem.with_suffix(".json").is_file()
-    return stem.resolve() if found else None
 
 
 def _positive(text: str) -> int:
@@ -118,8 +117,8 @@ def _seconds(text: str) -> float:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m labkit.serving", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="TinyLM checkpoint (data/tinylm, or its .safetensors / "
-                        ".json) or a release folder with config.json (data/tinyvlm)")
+    parser.add_argument("--model", required=True, help="a release folder with config.json: TinyLM's (data/tinylm) "
+                        "or another model type's (data/tinyvlm)")
     parser.add_argument("--tp", "--tensor-parallel-size", "-tp", dest="tp", type=_positive, default=1,
                         help="tensor-parallel degree: model processes over gloo (a divisor of the heads)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
@@ -156,28 +155,25 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.config = engine_config(args)
     except (ValueError, TypeError) as e:
         parser.error(f"--{str(e).split()[0].replace('_', '-')}: {e}")
-    args.load = None
+    args.load, args.stem = None, Path(args.model).resolve()
     try:
         config = release_config(args.model)
-        if config is not None:  # a release folder: its model type's loader checks the options against it
-            factory = model_loader(config.get("model_type"))
-            args.load, args.stem = factory(args, args.config), Path(args.model).resolve()
+        if config is not None and config.get("model_type") != TINYLM_MODEL_TYPE:  # its model type's loader
+            args.load = model_loader(config.get("model_type"))(args, args.config)  # checks the options
     except (ValueError, TypeError, OSError, ImportError) as e:
         parser.error(f"--model {args.model}: {e}")
-    if args.load is not None:
-        args.name = args.served_model_name or args.stem.name
-        return args
-    args.stem = checkpoint_stem(args.model)
-    if args.stem is None:
-        parser.error(f"--model {args.model}: no TinyLM checkpoint there (expected PATH.safetensors and PATH.json, "
-                     f"e.g. data/tinylm) and no release (config.json); rebuild it with `python -m labkit.tinylm.train`")
-    try:  # the config is small: check --tp against it here (exit 2), before the HTTP server starts
-        cfg = TinyLMConfig.from_dict(json.loads(args.stem.with_suffix(".json").read_text())["config"])
-        tensor.check_tp(cfg, args.tp)
-    except ValueError as e:
-        parser.error(f"--tp {args.tp}: {e}")
-    except (OSError, KeyError, TypeError):
-        pass  # an unreadable config: load_pretrained says why (exit 1)
+    if config is None:
+        parser.error(f"--model {args.model}: no release there (a folder with config.json, e.g. data/tinylm); "
+                     f"rebuild TinyLM's with `python -m labkit.tinylm.train`")
+    if args.load is None:  # TinyLM: check --tp against its config here (exit 2), before the HTTP server starts
+        try:
+            cfg = read_config(args.stem)
+        except (ValueError, TypeError, OSError) as e:  # config.json is not TinyLM's (the key, the file)
+            parser.error(f"--model {args.model}: {e}")
+        try:
+            tensor.check_tp(cfg, args.tp)
+        except ValueError as e:
+            parser.error(f"--tp {args.tp}: {e}")
     args.name = args.served_model_name or args.stem.name
     return args
 
@@ -190,19 +186,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def engine_loader(args: argparse.Namespace):
-    """A function that builds (on the service's engine thread) the Engine the options describe (for a release:
-    the loader its model type's factory made in parse_args)."""
+    """A picklable function that builds the Engine the options describe (core.checkpoint_engine with the
+    checkpoint, --tp and the EngineConfig), run in the engine process; for a release: the loader its model
+    type's factory made in parse_args, run on the service's engine thread (it brings its processor)."""
     if getattr(args, "load", None) is not None:
         return args.load
-
-    def load():
-        model, _ = load_pretrained(args.stem)
-        if args.tp > 1:  # the model over tp gloo processes (imported only when asked for)
-            from .tp import tp_engine
-            return tp_engine(model, args.tp, config=args.config)
-        from .engine import Engine
-        return Engine(model, config=args.config)
-    return load
+    return functools.partial(checkpoint_engine, args.stem, args.tp, args.config)
 
 
 def close_engine(engine) -> None:
@@ -212,8 +201,12 @@ def close_engine(engine) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    service = Service(engine_loader(args), close=close_engine, stream_interval=args.stream_interval)
+    if args.load is not None:  # a release: its loader brings the processor, which serves in this process
+        torch.set_num_threads(args.threads)
+        service = Service(args.load, close=close_engine, stream_interval=args.stream_interval)
+    else:  # the engine in its own process, torch on --threads threads there
+        load = functools.partial(checkpoint_engine, args.stem, args.tp, args.config, args.threads)
+        service = Service(load, stream_interval=args.stream_interval, process=True)
     try:
         server = ServerThread(make_app(service, args.name), args.host, args.port, args.log_level)
     except OSError as e:

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API over a Service, on FastAPI and uvicorn as vLLM does it (notebook 06, section 6;
 `python -m labkit.serving` starts it, the notebook calls it with the `openai` package).
 
-    GET  /health                503 {"status": "loading" | "failed", ...} until warmup succeeded, then 200
+    GET  /health                503 {"status": "loading" | "failed" | "stopped", ...} until warmup succeeded, then
+                                200 {"status": "ready"}; with the engine in its own process (Service(process=True))
+                                also "engine": {"pid", "alive"}; an engine process that died makes it 503
     GET  /v1/models             the one model (its id is the served model name); /v1/models/{id} too
     POST /v1/completions        prompt (a string) -> text; "stream": true sends server-sent events
     POST /v1/chat/completions   messages (text and image_url parts) -> the model's processor -> the assistant's
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -217,6 +220,8 @@ def make_app(service: Service, model_name: str = "tinylm") -> FastAPI:
     async def health():
         status = 200 if service.state == "ready" else 503
         body = {"status": service.state, **({"error": service.error} if service.error else {})}
+        if service.engine_pid != os.getpid():  # the engine in its own process: which, and whether it runs
+            body["engine"] = {"pid": service.engine_pid, "alive": service.alive}
         return JSONResponse(body, status_code=status)
 
     def model_card() -> dict:

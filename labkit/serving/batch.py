@@ -11,10 +11,19 @@ StepOutputs (one per sampled token); StepCost models its seconds where a result 
     query_lens       1           3                         1
     context_lens     8           3                         41           positions each one attends to
 
-Attention: every decode row (query length 1) in one scaled_dot_product_attention call over its gathered keys,
-padded to the longest context and masked; each prefill chunk in its own causal call (a chunk after cached
-tokens sees them all). The pool is never read through another sequence's block table, so no request can see
-another's keys and values (shared prefix blocks hold identical tokens by construction).
+Attention: the decode rows (query length 1) sorted by context length, longest first, and cut into a few
+groups (decode_groups); each group is one scaled_dot_product_attention call over its rows' gathered keys,
+padded to the group's longest context and masked. One call for every decode row would gather and attend
+over the longest row's context for each of them: with continuous batching, mixed lengths made 30-40% of
+those keys padding. Each prefill chunk is its own causal call (a chunk after cached tokens sees them all).
+
+    32 decode rows by context   250 244 231 | 64 63 62 61 ... 34 33 31     two calls: 3 rows padded to 250,
+                                           ^ cut                         29 rows padded to 64
+        the cut saves at most (250 - 64) x 29 rows = 5,394 key positions > split_keys (2,048): the two calls
+        gather 3 x 250 + 29 x 64 = 2,606 positions (2,116 real ones); one call would gather 32 x 250 = 8,000.
+
+The pool is never read through another sequence's block table, so no request can see another's keys and
+values (shared prefix blocks hold identical tokens by construction).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_positive, fail
+from .._checks import check_int, check_positive, fail
 
 Pools = tuple[torch.Tensor, torch.Tensor]  # k, v: [n_layers, n_kv_heads, num_blocks * block_size, head_dim]
 
@@ -92,21 +101,38 @@ class StepCost:
         return self.overhead + self.per_token * num_tokens + self.per_seq * num_seqs if num_tokens else 0.0
 
 
+SPLIT_KEYS = 2048  # key positions a new decode group must save to pay for its calls (measured: issue 27)
+
+
 def slot_table(block_tables: list[list[int]], lengths: list[int], block_size: int) -> torch.Tensor:
     """int64 [n_seqs, max(lengths)]: slot of each position of each sequence, padded with slot 0 (masked)."""
-    width = max(lengths)
-    table = torch.zeros(len(lengths), -(-width // block_size), dtype=torch.long)  # [S, blocks]
-    for i, (blocks, n) in enumerate(zip(block_tables, lengths)):
-        used = blocks[:-(-n // block_size)]
-        table[i, :len(used)] = torch.tensor(used, dtype=torch.long)
+    width = -(-max(lengths) // block_size)
+    used = [blocks[:-(-n // block_size)] for blocks, n in zip(block_tables, lengths)]
+    table = torch.tensor([u + [0] * (width - len(u)) for u in used], dtype=torch.long)  # [S, blocks]
     slots = (table[:, :, None] * block_size + torch.arange(block_size)).reshape(len(lengths), -1)  # [S, blocks*bs]
-    return slots[:, :width]
+    return slots[:, :max(lengths)]
+
+
+def decode_groups(lengths: list[int], split_keys: int = SPLIT_KEYS) -> list[list[int]]:
+    """Indices of `lengths` (the context lengths of the decode rows) in groups, longest first, each group padded
+    to its first row's length. Walking down the sorted lengths, row c starts a new group when (longest of the
+    current group - c) x (rows from c to the end) > `split_keys`: a bound on the key positions the cut saves,
+    against the cost of one more gather and attention call (per layer), in key positions."""
+    check_int("split_keys", split_keys, 0, unit="key positions")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups = [[order[0]]] if order else []
+    for left, i in zip(range(len(order) - 1, 0, -1), order[1:]):
+        if (lengths[groups[-1][0]] - lengths[i]) * left > split_keys:
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    return groups
 
 
 class PagedBatch:
     """labkit.tinylm.BatchedCache over one rank's pools for one StepInput (built per step, used once)."""
 
-    def __init__(self, step: StepInput, pools: Pools, block_size: int):
+    def __init__(self, step: StepInput, pools: Pools, block_size: int, split_keys: int = SPLIT_KEYS):
         self.step, (self.k_pool, self.v_pool), self.block_size = step, pools, block_size
         q_lens, ctx = step.query_lens, step.context_lens
         if not q_lens or len(ctx) != len(q_lens) or len(step.block_tables) != len(q_lens) \
@@ -114,13 +140,15 @@ class PagedBatch:
             fail("step", f"query_lens {q_lens[:8]}, context_lens {ctx[:8]} for {step.num_tokens} tokens",
                  "one query length (1 .. its context) per sequence, summing to the packed tokens")
         starts = [0] + torch.tensor(q_lens).cumsum(0).tolist()[:-1]
-        self.decode = [i for i, q in enumerate(q_lens) if q == 1]
+        decode = [i for i, q in enumerate(q_lens) if q == 1]
+        self.decode = []  # per group: packed index of each row [G], slots [G, W], valid keys [G, 1, 1, W] or None
+        for group in decode_groups([ctx[i] for i in decode], split_keys):
+            seqs = [decode[j] for j in group]
+            lens = [ctx[i] for i in seqs]
+            slots = slot_table([step.block_tables[i] for i in seqs], lens, block_size)
+            mask = None if lens[-1] == lens[0] else (torch.arange(lens[0]) < torch.tensor(lens)[:, None])[:, None, None]
+            self.decode.append((torch.tensor([starts[i] for i in seqs]), slots, mask))
         self.prefill = [(starts[i], q_lens[i], ctx[i], step.block_tables[i]) for i, q in enumerate(q_lens) if q > 1]
-        if self.decode:
-            d_ctx = torch.tensor([ctx[i] for i in self.decode])
-            self.decode_rows = torch.tensor([starts[i] for i in self.decode])       # packed index of each decode
-            self.decode_slots = slot_table([step.block_tables[i] for i in self.decode], d_ctx.tolist(), block_size)
-            self.decode_mask = torch.arange(self.decode_slots.shape[1]) < d_ctx[:, None]  # [Bd, S] valid keys
         self.prefill_slots = [slot_table([table], [c], block_size)[0] for _, _, c, table in self.prefill]
 
     def positions(self, n_tokens: int) -> torch.Tensor:
@@ -135,15 +163,14 @@ class PagedBatch:
         k_pool.index_copy_(1, self.step.slots, k[0].to(k_pool.dtype))
         v_pool.index_copy_(1, self.step.slots, v[0].to(v_pool.dtype))
         out = torch.empty_like(q)                                          # [1, H, N, hd]
-        if self.decode:
-            Bd, S = self.decode_slots.shape
-            flat = self.decode_slots.reshape(-1)
-            kd = k_pool.index_select(1, flat).view(-1, Bd, S, k.shape[-1]).transpose(0, 1)  # [Bd, Hkv, S, hd]
-            vd = v_pool.index_select(1, flat).view(-1, Bd, S, k.shape[-1]).transpose(0, 1)
-            qd = q[0].index_select(1, self.decode_rows).transpose(0, 1)[:, :, None]  # [Bd, H, 1, hd]
-            od = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype),
-                                                attn_mask=self.decode_mask[:, None, None, :], enable_gqa=True)
-            out[0].index_copy_(1, self.decode_rows, od[:, :, 0].transpose(0, 1))    # [H, Bd, hd]
+        for rows, slots, mask in self.decode:
+            G, W = slots.shape
+            flat = slots.reshape(-1)
+            kd = k_pool.index_select(1, flat).view(-1, G, W, k.shape[-1]).transpose(0, 1)  # [G, Hkv, W, hd]
+            vd = v_pool.index_select(1, flat).view(-1, G, W, k.shape[-1]).transpose(0, 1)
+            qd = q[0].index_select(1, rows).transpose(0, 1)[:, :, None]   # [G, H, 1, hd]
+            od = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, enable_gqa=True)
+            out[0].index_copy_(1, rows, od[:, :, 0].transpose(0, 1))     # [H, G, hd]
         for (start, n, c, _), slots in zip(self.prefill, self.prefill_slots):
             ks = k_pool.index_select(1, slots)[None].to(q.dtype)           # [1, Hkv, c, hd]
             vs = v_pool.index_select(1, slots)[None].to(q.dtype)

@@ -7,6 +7,10 @@ and stopped whatever happens (notebook 06, section 6; the benchmarks and the sub
     service.returncode                                        # 0 after a clean SIGTERM
     start_service("data/tinyvlm", args=["--tp", "2"])         # a release folder (lab 07): its ranks load it
 
+The command runs two processes for TinyLM (the API process, and the engine-core process it spawns: see
+labkit.serving.__main__); stop() ends the API process, which ends its engine process (a kill of the API process
+closes their pipe, and the engine process ends on that too).
+
 A service that cannot start (exit 2: a bad option or folder; exit 1: the load failed, e.g. a rank could not read
 its shard) raises RuntimeError with the reason and the end of its stderr.
 """

@@ -8,16 +8,14 @@ notebook 01's first exercise (labkit.memory_wall.exercises). Units: parameters, 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from functools import cache
 
 from .._checks import check_bool, check_choice, check_positive, check_positive_int, check_type, fail
 from ..paths import TINYLM_CHECKPOINT
-from ..tinylm import TinyLMConfig, param_counts
+from ..tinylm import param_counts, read_config
 
-TINYLM_JSON = TINYLM_CHECKPOINT.with_suffix(".json")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 MLPS = ("gelu", "swiglu")          # two matrices (GPT-3, OPT) or three (Llama, Mixtral)
 NORMS = ("layernorm", "rmsnorm")   # weight and bias, or weight only
@@ -206,10 +204,10 @@ class ModelSpec:
 
 @cache
 def _tinylm() -> ModelSpec:
-    cfg = TinyLMConfig.from_dict(json.loads(TINYLM_JSON.read_text())["config"])
+    cfg = read_config(TINYLM_CHECKPOINT)
     return ModelSpec("tinylm", cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab_size,
                      cfg.max_seq_len, tied_embeddings=cfg.tie_embeddings,
-                     published_params=param_counts(cfg)["total"], source="data/tinylm.json (this course)")
+                     published_params=param_counts(cfg)["total"], source="data/tinylm/config.json (this course)")
 
 
 _LLAMA2 = "Touvron et al., Llama 2 (arXiv:2307.09288); count from the Hugging Face safetensors index"

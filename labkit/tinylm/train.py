@@ -1,20 +1,22 @@
-"""Train TinyLM from scratch on the course corpus and write the checkpoint and model card in data/.
+"""Train TinyLM from scratch on the course corpus and write its release folder, data/tinylm/ (model card included).
 
     python -m labkit.tinylm.train               # about 20 minutes on 2 CPU cores
-    python -m labkit.tinylm.train --card-only   # rewrite data/README.md from the committed checkpoint
+    python -m labkit.tinylm.train --card-only   # rewrite data/tinylm/README.md from the committed release
 
 AdamW, cosine learning-rate schedule with warm-up, FP32, seeded: the same run on the same machine gives
-the same weights. Notebook 00 loads the result with `labkit.tinylm.load_pretrained()`.
+the same weights. The folder is written whole or not at all (labkit.tinylm.checkpoint.save_pretrained).
+Notebook 00 loads the result with `labkit.tinylm.load_pretrained()`, and with transformers.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +24,7 @@ from tqdm.auto import tqdm
 
 from .._checks import check_int, check_number, check_type
 from . import corpus as data
-from .checkpoint import CHECKPOINT, load_pretrained, save_checkpoint
+from .checkpoint import CHECKPOINT, NAMES, load_pretrained, read_training, save_pretrained
 from .eval import perplexity, task_accuracy
 from .config import TinyLMConfig, param_counts
 from .model import TinyLM
@@ -91,25 +93,48 @@ def evaluate(model: TinyLM, seed: int = 0) -> dict:
     return {"val_perplexity": perplexity(model, val), "accuracy": task_accuracy(model, tasks)}
 
 
-def write_model_card(model: TinyLM, meta: dict, path: Path = CHECKPOINT.parent / "README.md") -> str:
-    """Write data/README.md: size, training recipe and time, validation perplexity, accuracy per task."""
+def model_card(model: TinyLM, training: dict, sha256: str) -> str:
+    """data/tinylm/README.md: what TinyLM is, how it was trained (`training`: the record main() keeps), how to load
+    it with labkit and with transformers, the SHA-256 of model.safetensors, perplexity and accuracy per task."""
     cfg, counts = model.cfg, param_counts(model.cfg)
-    weights = CHECKPOINT.with_suffix(".safetensors")
     results = evaluate(model)
     rows = "\n".join(f"| {kind} | {acc:.1%} |" for kind, acc in results["accuracy"].items())
     count_rows = "\n".join(f"| {k} | {v:,} |" for k, v in counts.items())
-    card = f"""# TinyLM model card
+    names = "\n".join(f"| `{k}` | `{v}` |" for k, v in NAMES.items())
+    return f"""# TinyLM model card
 
-The course model, trained by `python -m labkit.tinylm.train` on the course corpus (`labkit.tinylm.corpus`, seed 0).
-Files: `tinylm.safetensors` (weights, {weights.stat().st_size:,} bytes) and `tinylm.json` (config and SHA-256).
-Load with `labkit.tinylm.load_pretrained()`. This card is written by `python -m labkit.tinylm.train --card-only`.
+The course model: a Llama decoder of {counts["total"]:,} parameters over bytes, trained by
+`python -m labkit.tinylm.train` on the course corpus (`labkit.tinylm.corpus`, seed 0), released in the Hugging
+Face Llama layout so that labkit and transformers open the same files. This card is written by
+`python -m labkit.tinylm.train --card-only`.
+
+| file | what |
+|---|---|
+| `config.json` | Llama config (`model_type` llama, `LlamaForCausalLM`); bos and eos are `"\\n"` (id 10) |
+| `model.safetensors` | the weights, FP32, Llama tensor names; SHA-256 `{sha256}` |
+| `generation_config.json` | greedy, stops at `"\\n"` |
+| `tokenizer.json`, `tokenizer_config.json` | byte-level: token id = byte value, 256 tokens, no merges |
+
+## Load it
+
+```python
+from labkit import tinylm
+model, tok = tinylm.load_pretrained()            # data/tinylm, checked tensor by tensor
+
+from transformers import AutoTokenizer, LlamaForCausalLM
+hf = LlamaForCausalLM.from_pretrained("data/tinylm")
+hf_tok = AutoTokenizer.from_pretrained("data/tinylm")  # the same ids as tinylm.ByteTokenizer
+```
+
+Both give the same logits within 2e-4 (float rounding: the same sums in another order) and the same greedy
+text (tests/tinylm/test_hf.py).
 
 ## Architecture
 
-Llama-style decoder: RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, tied embeddings,
-byte-level vocabulary.
+Llama decoder: RMSNorm, rotary positions (half-split layout, as Llama's), grouped-query attention, SwiGLU
+MLP, tied embeddings, byte-level vocabulary.
 
-| field | value |
+| TinyLMConfig | value |
 |---|---|
 """ + "\n".join(f"| {k} | {v} |" for k, v in cfg.to_dict().items()) + f"""
 
@@ -117,11 +142,17 @@ byte-level vocabulary.
 |---|---|
 {count_rows}
 
+Tensor names (`labkit.tinylm.checkpoint.NAMES`; each with `.weight`, i the block):
+
+| TinyLM | Llama |
+|---|---|
+{names}
+
 ## Training
 
-Recipe: {json.dumps(meta["recipe"])}.
-Measured: {meta["train_seconds"] / 60:.1f} minutes for {meta["recipe"]["steps"]} steps on
-{meta["machine"]} ({meta["threads"]} torch threads), torch {meta["torch"]}.
+Recipe: {json.dumps(training["recipe"])}.
+Measured: {training["train_seconds"] / 60:.1f} minutes for {training["recipe"]["steps"]} steps on
+{training["machine"]} ({training["threads"]} torch threads), torch {training["torch"]}.
 
 ## Evaluation
 
@@ -135,32 +166,33 @@ training; b+a may):
 |---|---|
 {rows}
 
-Command: `python -m labkit.tinylm.train --card-only` (evaluates the committed checkpoint).
+Command: `python -m labkit.tinylm.train --card-only` (evaluates the committed release).
 """
-    path.write_text(card)
-    return card
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m labkit.tinylm.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--card-only", action="store_true", help="only rewrite data/README.md")
+    parser.add_argument("--card-only", action="store_true", help="only rewrite data/tinylm/README.md")
     parser.add_argument("--steps", type=int, default=RECIPE["steps"], help="training steps")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
     if args.card_only:
         model, _ = load_pretrained()
-        meta = json.loads(CHECKPOINT.with_suffix(".json").read_text())
+        sha256 = hashlib.sha256((CHECKPOINT / "model.safetensors").read_bytes()).hexdigest()
+        card = model_card(model, read_training(), sha256)
+        tmp = CHECKPOINT / f".README.md.tmp-{os.getpid()}"
+        tmp.write_text(card, encoding="utf-8")
+        os.replace(tmp, CHECKPOINT / "README.md")
     else:
         recipe = {**RECIPE, "steps": args.steps}
         t0 = time.perf_counter()
         model = train(**recipe)
-        meta = {"recipe": recipe, "train_seconds": round(time.perf_counter() - t0, 1),
-                "threads": torch.get_num_threads(), "torch": torch.__version__,
-                "machine": f"{platform.machine()} {platform.processor() or platform.system()}"}
-        save_checkpoint(model, CHECKPOINT, extra={"training": meta})
-        meta = {"training": meta}
-    card = write_model_card(model, meta["training"])
+        training = {"recipe": recipe, "train_seconds": round(time.perf_counter() - t0, 1),
+                    "threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "machine": f"{platform.machine()} {platform.processor() or platform.system()}"}
+        folder = save_pretrained(model, CHECKPOINT, training, card=lambda sha256: model_card(model, training, sha256))
+        card = (folder / "README.md").read_text(encoding="utf-8")
     print(card)
 
 

@@ -1,6 +1,7 @@
 """PagedBatch and StepInput: a packed step over the paged pool gives each sequence the logits it gets alone.
 
-The independent reference is TinyLM's own forward over each whole sequence, without any cache."""
+The independent references are TinyLM's own forward over each whole sequence, without any cache, and, for
+attention alone (decode rows cut into groups by length), each sequence's attention computed by brute force."""
 import random
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from labkit.serving import ModelRunner
 from labkit.serving.batch import StepInput
-from labkit.serving.batch import PagedBatch, slot_table
+from labkit.serving.batch import SPLIT_KEYS, PagedBatch, decode_groups, slot_table
 from tests.refusals import assert_refused
 
 BS = 4
@@ -51,6 +52,71 @@ def test_slot_table_matches_brute_force():
     assert table.shape == (3, 9)
     for i, (t, n) in enumerate(zip(tables, lengths)):
         assert table[i, :n].tolist() == [t[p // BS] * BS + p % BS for p in range(n)]
+
+
+def reference_attention(q, k_pool, v_pool, step):
+    """Each sequence alone, brute force in float64: every query row of it against the keys and values read
+    through its own block table, positions <= its own. q [1, H, N, hd], pools [Hkv, slots, hd] -> [1, H, N, hd]."""
+    q, k_pool, v_pool = q.double(), k_pool.double(), v_pool.double()
+    out, start = torch.zeros_like(q), 0
+    group = q.shape[1] // k_pool.shape[0]  # query heads per KV head
+    for n, c, table in zip(step.query_lens, step.context_lens, step.block_tables):
+        slots = [table[p // BS] * BS + p % BS for p in range(c)]
+        for h in range(q.shape[1]):
+            keys, values = k_pool[h // group, slots], v_pool[h // group, slots]  # [c, hd]
+            for j in range(n):
+                seen = c - n + j + 1  # the query at position c - n + j sees positions 0 .. c - n + j
+                w = torch.softmax(keys[:seen] @ q[0, h, start + j] / q.shape[-1] ** 0.5, dim=0)
+                out[0, h, start + j] = w @ values[:seen]
+        start += n
+    return out
+
+
+def test_decode_groups_of_the_docstring_example():
+    lengths = [250, 244, 231] + [64 - 33 * i // 28 for i in range(29)]
+    assert [[lengths[i] for i in g] for g in decode_groups(lengths)] == [lengths[:3], lengths[3:]]
+    assert decode_groups([5, 9, 7], 0) == [[1], [2], [0]] and decode_groups([5, 9, 7], 10 ** 6) == [[1, 2, 0]]
+    assert decode_groups([]) == []
+    assert_refused(lambda: decode_groups([3], -1), ValueError, "split_keys", -1, "an int >= 0")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 300), max_size=70), st.sampled_from([0, 50, 500, SPLIT_KEYS, 10 ** 6]))
+def test_decode_groups_partition_sorted_rows_by_the_cut_rule(lengths, split_keys):
+    groups = decode_groups(lengths, split_keys)
+    flat = [i for g in groups for i in g]
+    assert sorted(flat) == list(range(len(lengths)))                       # every row once
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)    # longest first
+    for g, group in enumerate(groups):
+        head = lengths[group[0]]
+        for i in group[1:]:  # joined: the cut would have saved at most split_keys key positions
+            assert (head - lengths[i]) * (len(flat) - flat.index(i)) <= split_keys
+        if g:                # cut: it saves more than split_keys
+            assert (lengths[groups[g - 1][0]] - head) * (len(flat) - flat.index(group[0])) > split_keys
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 3)), min_size=1, max_size=12),
+       st.sampled_from([0, 20, 200, SPLIT_KEYS]), st.integers(0, 99))
+def test_attend_equals_each_sequence_alone_across_group_edges(shapes, split_keys, seed):
+    """Decode rows of many lengths (some equal, so some groups need no mask) and prefill chunks in one step,
+    against the brute-force reference. The pools are random everywhere, so a row padded without its mask, or
+    attending through another row's slots, or written to another row's output, reads other numbers."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    ctx = [c for c, _ in shapes]
+    q_lens = [1 if r < 3 else rng.randint(1, c) for (c, r) in shapes]  # 1 in 3: a prefill chunk
+    H, Hkv, hd, num_blocks = 4, 2, 8, 140
+    tables = random_tables(ctx, num_blocks, rng)
+    step = step_of([[0] * c for c in ctx], tables, [c - n for c, n in zip(ctx, q_lens)], ctx)
+    pools = torch.randn(2, Hkv, num_blocks * BS, hd).unbind(0)
+    batch = PagedBatch(step, (pools[0][None], pools[1][None]), BS, split_keys)
+    assert sorted(i for rows, _, _ in batch.decode for i in rows.tolist()) == \
+        [s for s, n in zip(step.logit_rows().tolist(), q_lens) if n == 1]  # every decode row in one group
+    N = step.num_tokens
+    q, k, v = torch.randn(1, H, N, hd), torch.randn(1, Hkv, N, hd), torch.randn(1, Hkv, N, hd)
+    out = batch.attend(0, q, k, v)
+    assert torch.allclose(out.double(), reference_attention(q, pools[0], pools[1], step), atol=1e-5)
 
 
 def test_prefill_then_mixed_step_equals_each_sequence_alone(model, prompts):

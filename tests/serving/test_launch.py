@@ -21,7 +21,7 @@ def test_service_subprocess_starts_answers_and_stops():
 
 @pytest.mark.timeout(60)
 def test_a_service_that_cannot_start_is_reported(tmp_path):
-    with pytest.raises(RuntimeError, match=r"(?s)did not start: it exited with code 2.*no TinyLM checkpoint"):
+    with pytest.raises(RuntimeError, match=r"(?s)did not start: it exited with code 2.*no release there"):
         start_service(tmp_path / "missing", timeout=30)
     assert_refused(lambda: start_service(timeout=0), ValueError, "timeout", 0, "")
 
@@ -32,8 +32,11 @@ def test_explore_re_exports_the_launcher_for_the_notebook():
 
 @pytest.mark.timeout(60)
 def test_a_folder_that_is_not_a_release_is_reported(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 2.*model_type must be one of \['tinyvlm'\]"):
+        start_service(tmp_path, timeout=30)
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # TinyLM's type, not TinyLM's config
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 2.*config.json.*vocab_size"):
         start_service(tmp_path, timeout=30)
 
 

@@ -2,6 +2,7 @@
 exit code 0; bad options exit 2 with a message."""
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,8 +14,7 @@ import openai
 import pytest
 
 from labkit.paths import ROOT, TINYLM_CHECKPOINT
-from labkit.serving.__main__ import (MODEL_TYPES, checkpoint_stem, engine_loader, model_loader, parse_args,
-                                     release_config)
+from labkit.serving.__main__ import MODEL_TYPES, engine_loader, model_loader, parse_args, release_config
 from labkit.serving.launch import start_service
 from labkit.serving.register import REGISTER_PATH, heartbeat_path, replica_path
 from labkit.tinylm import generate
@@ -64,25 +64,28 @@ def test_one_command_serves_the_openai_client_and_stops_on_a_signal(model, tok, 
 def test_a_missing_checkpoint_exits_2_with_a_message(tmp_path):
     proc = start("--model", str(tmp_path / "nothing"), "--port", "0")
     _, err = proc.communicate(timeout=50)
-    assert proc.returncode == 2 and "nothing" in err and "no TinyLM checkpoint" in err
+    assert proc.returncode == 2 and "nothing" in err and "no release there" in err
 
 
 @pytest.mark.timeout(90)
 def test_a_checkpoint_that_fails_to_load_exits_1(tmp_path):
-    (tmp_path / "broken.json").write_text(TINYLM_CHECKPOINT.with_suffix(".json").read_text())
-    (tmp_path / "broken.safetensors").write_bytes(TINYLM_CHECKPOINT.with_suffix(".safetensors").read_bytes()[:1000])
-    proc = start("--model", str(tmp_path / "broken"), "--port", "0")
+    broken = tmp_path / "broken"
+    shutil.copytree(TINYLM_CHECKPOINT, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])  # cut short
+    proc = start("--model", str(broken), "--port", "0")
     out, err = proc.communicate(timeout=80)
     assert LINE.match(out.splitlines()[0])  # it was serving (/health 503) while the load ran
-    assert proc.returncode == 1 and "loading the model failed" in err and "SHA-256" in err
+    assert proc.returncode == 1 and "loading the model failed" in err and "model.safetensors" in err, err
 
 
-def test_the_checkpoint_can_be_named_three_ways(tmp_path):
-    for name in ("tinylm", "tinylm.safetensors", "tinylm.json"):
-        assert checkpoint_stem(str(TINYLM_CHECKPOINT.parent / name)) == TINYLM_CHECKPOINT
-    assert checkpoint_stem(str(tmp_path)) is None and checkpoint_stem(str(tmp_path / "x.json")) is None
-    (tmp_path / "m.safetensors").write_bytes(b""), (tmp_path / "m.json").write_text("{}")
-    assert checkpoint_stem(str(tmp_path)) == tmp_path / "m"  # a folder that holds one checkpoint
+def test_tinylm_s_release_is_served_here_and_names_the_model(tmp_path, capsys):
+    args = parse_args(["--model", str(TINYLM_CHECKPOINT)])
+    assert (args.load, args.stem, args.name) == (None, TINYLM_CHECKPOINT, "tinylm")
+    (tmp_path / "x.safetensors").write_bytes(b"")  # weights without config.json: not a release
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model", str(tmp_path)])
+    assert info.value.code == 2 and "no release there" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--port", "70000"], ["--tp", "0"], ["--num-blocks", "x"], ["--policy", "fifo"],
@@ -95,7 +98,7 @@ def test_bad_options_exit_2(argv, capsys):
 
 
 def test_options_reach_the_engine():
-    args = parse_args(["--model", "data/tinylm.json", "--num-blocks", "40", "--block-size", "8", "--max-num-seqs",
+    args = parse_args(["--model", "data/tinylm", "--num-blocks", "40", "--block-size", "8", "--max-num-seqs",
                        "4", "--policy", "chunked", "--served-model-name", "tiny"])
     assert (args.stem, args.name) == (TINYLM_CHECKPOINT, "tiny")
     engine = engine_loader(args)()
@@ -109,7 +112,7 @@ def test_a_release_s_model_type_picks_its_loader(tmp_path, capsys):
     ModelRegistry); an unknown type, a config that is not JSON, and a folder without one exit 2 saying why."""
     assert model_loader("tinyvlm").__module__ == "labkit.day0.serve" and set(MODEL_TYPES) == {"tinyvlm"}
     assert_refused(lambda: model_loader("llama"), ValueError, "model_type", "llama", "one of ['tinyvlm']")
-    for config, expected in [({"model_type": "llama"}, "model_type must be one of"),
+    for config, expected in [({"model_type": "gpt2"}, "model_type must be one of"),
                              ({}, "model_type must be one of"), ("{", "Expecting"), ([1], "expected an object")]:
         (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
         with pytest.raises(SystemExit) as info:
