@@ -5,7 +5,8 @@
 #               (when Chromium and playwright are installed; it says so when it skips it)
 # Instructors: make student (hand out), make grade SUBMISSIONS=folder [LAB=00_setup] (collect, grade),
 # make lab-instructor (JupyterLab on notebooks/, the solutions). make test-browser: the browser test alone.
-# Maintainers: make test-portable runs nbval again under other CPU kernels (CI runs it after make test).
+# Maintainers: make test-portable runs nbval again under other CPU kernels (CI runs it after make test); make peers
+# installs llama.cpp (compiled from source) for benchmarks/peers.py.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -35,7 +36,7 @@ WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinit
 # The notebooks test-portable checks (one of them: make test-portable NB=notebooks/03_int4_quantization.ipynb).
 NB ?= notebooks
 
-.PHONY: lab lab-instructor test test-portable test-browser student grade clean
+.PHONY: lab lab-instructor test test-portable test-browser peers student grade clean
 
 # The venv is rebuilt only when pyproject.toml changes: a second `make test` installs nothing.
 $(STAMP): pyproject.toml
@@ -74,6 +75,12 @@ test-portable: $(STAMP)
 # rendered and answering its controls. Fails (not skips) when Chromium or playwright is missing.
 test-browser: $(STAMP)
 	LABKIT_CHROMIUM=$(CHROMIUM) LABKIT_BROWSER_REQUIRED=1 $(BIN)/python -m pytest tests/browser
+
+# Opt-in, never part of lab or test: llama.cpp beside labkit (llama-cpp-python and its OpenAI server, the "peers"
+# extra) for benchmarks/peers.py and the peer cells of notebooks 03 and 06. It compiles llama.cpp from source:
+# cmake and a C++ compiler, about 15 minutes on 2 cores.
+peers: $(STAMP)
+	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_ARGS) -e ".[peers]"
 
 # Writes only the student notebooks that are missing; a newer version of one you changed goes beside it.
 student: $(STAMP)

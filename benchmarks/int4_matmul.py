@@ -12,6 +12,14 @@ last-level cache), FP32 and BF16 F.linear and INT4 QuantLinear on all threads, F
 and the memory roofs (torch's sum over 256 MiB on all threads and on one), all timed in turns, medians of
 `repeats` rounds with their spreads. labkit.quant.verdicts draws the conclusions, or says "unreliable on this
 run" when the machine was too busy. Also times the reference path (tiled dequantize-multiply-accumulate).
+
+Issue 30, the kernel ladder (labkit.quant.kernels, timed by labkit.quant.kernels_speed.measure_ladder in the
+same run): rungs 1-5 and torch's INT4 kernel, batch 1, on 4096x4096 (8 matrices cycled) and 4096x14336
+(N = 4096 outputs, K = 14336 inputs, as ggml's MUL_MAT perf case; 3 matrices cycled), on 1 and 2 threads,
+each beside the roof of its thread count. Goals: the best rung at least as fast as torch's INT4 kernel and at
+least 70% of the measured roof; its GFLOP/s beside llama.cpp's Q4_0 / Q4_K (shared/FACTS.md, ggml built
+here on 2026-12-01, 4096x14336 batch 1, 2 threads).
+
 Copy the output into benchmarks/RESULTS.md.
 """
 
@@ -20,9 +28,12 @@ import sys
 import torch
 
 from labkit.course.timing import measure
-from labkit.quant import QuantLinear, quantize, speed, verdicts
+from labkit.quant import QuantLinear, kernels_speed, quantize, speed, verdicts
 
 N = K = 4096
+LADDER_SHAPES = ((4096, 4096, 8), (4096, 14336, 3))  # (N, K, matrices cycled)
+LLAMA_CPP = {"q4_0": 58.7e9, "q4_K": 93.6e9}  # GFLOP/s, ggml on this machine kind, 4096x14336 batch 1
+ROOF_GOAL = 0.7
 
 
 def main(repeats: int = 30) -> None:
@@ -47,5 +58,27 @@ def main(repeats: int = 30) -> None:
           f"({8 * run.weight_bytes[speed.INT4] / (N * K):.2f} bits/weight incl. BF16 scales and zeros)")
 
 
+def ladder(repeats: int = 15) -> None:
+    """Issue 30: the ladder's table and goals on each shape."""
+    for n, k, matrices in LADDER_SHAPES:
+        run = kernels_speed.measure_ladder(n, k, matrices=matrices, repeats=repeats, slow_repeats=3)
+        print(f"\nINT4 GEMV ladder, {n}x{k} (N x K), batch 1, {matrices} matrices cycled, asym g32, "
+              f"{repeats} rounds in turns (rungs 1-2: 3 rounds)")
+        print("\n".join(run.lines()))
+        for t in run.threads:
+            v = run.verdicts(t)
+            best = run.best(t)
+            print(f"@{t}: best rung {best!r}: {run.flops_per_s(best, t) / 1e9:.1f} GFLOP/s (llama.cpp here: "
+                  + ", ".join(f"{f} {g / 1e9:.1f}" for f, g in LLAMA_CPP.items()) + " GFLOP/s at 4096x14336)")
+            print(f"@{t}: vs torch: {v['vs torch']}")
+            print(f"@{t}: roof: {v['roof']}")
+            fast = "met" if v["vs torch"].reliable and v["vs torch"].ratio >= 1 else \
+                "not met" if v["vs torch"].reliable else "not decided on this run"
+            share = run.roof_share(best, t)
+            print(f"@{t}: goal best rung >= torch's kernel: {fast}; goal >= {ROOF_GOAL:.0%} of the roof: "
+                  f"{'met' if share >= ROOF_GOAL else 'not met'} ({share:.0%})")
+
+
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 30)
+    ladder()

@@ -19,6 +19,7 @@ output token are printed beside the ratio: they say where a shortfall comes from
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -51,15 +52,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (Linux /proc)."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of `pid` (Linux /proc): the service's engine process (and its TP ranks' parent)."""
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(p) for p in f.read().split()]
-    return out
 
 
 def over_http(base_url: str, texts: list[str], max_tokens: int) -> float:
@@ -111,7 +103,7 @@ def main() -> None:
             over_http(service.url, texts[:4], 4)  # warm-up, both sides
             in_process(model, prompts[:4], 4, default)
             runs, api_cpu, engine_cpu, client_cpu = {"same": [], "default": [], "http": []}, [], [], []
-            engines = children(service.pid)
+            engines = [json.loads(service.get("/health"))["engine"]["pid"]]  # the engine process (/health)
             for _ in range(args.repeats):
                 runs["same"].append(in_process(model, prompts, args.max_tokens, served))
                 runs["default"].append(in_process(model, prompts, args.max_tokens, default))

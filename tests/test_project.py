@@ -71,3 +71,20 @@ def test_two_commands():
     assert "make test" in (ROOT / ".ci/run").read_text()
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+
+
+def test_the_peers_extra_is_pinned_and_kept_out_of_the_default_install():
+    """`make peers` (llama.cpp, compiled from source) is opt-in: its pins are exact, none is a default
+    dependency, and neither `make test` nor `make lab` installs it."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    peers = [Requirement(r) for r in project["optional-dependencies"]["peers"]]
+    assert all(str(r.specifier).startswith("==") for r in peers), peers
+    assert "llama-cpp-python" in {r.name for r in peers}
+    assert not {r.name for r in peers} & {Requirement(r).name for r in project["dependencies"]}
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r'^peers: .*\n\t.*pip install .*"\.\[peers\]"', makefile, re.M)
+    assert "[peers]" not in makefile.split("\npeers:")[0]  # lab, test and the venv do not install it

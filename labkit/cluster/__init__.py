@@ -5,6 +5,7 @@ health and failover.
                fusion_groups / fused_kernels: what a fusing compiler (inductor) merges into one kernel
     buffers    liveness (views extend their base's life), plan_buffers (greedy best-fit offsets), check_plan,
                measured_peak / allocator_peak: the peak from torch's own profiler memory events
+    reorder    memory_aware_order, peak_floor, reordered: reorder a graph's independent nodes to lower the peak
     compiled   compiler_available (a C++ compiler that builds what inductor builds), compare_compile:
                torch.compile against eager on the decode loop, with the verdict its repeats support
     registry   Registry: the router's one owner of replica state (up / down / removed, heartbeats, events)
@@ -25,7 +26,8 @@ health and failover.
 The replica's side of discovery (register when healthy, heartbeat, deregister) is labkit.serving.register.
 """
 
-from . import buffers, compiled, drills, exercises, explore, graph, launch, load, policies, registry, router, scale
+from . import (buffers, compiled, drills, exercises, explore, graph, launch, load, policies, registry, reorder, router,
+               scale)
 
 __all__ = ["buffers", "compiled", "drills", "exercises", "explore", "graph", "launch", "load", "policies", "registry",
-           "router", "scale"]
+           "reorder", "router", "scale"]

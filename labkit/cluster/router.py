@@ -23,6 +23,7 @@ Forwarding a request (client -> router -> replica):
                                                     v      after which a failure ends it in-band:
                                        data: {"error": {...}}  then  data: [DONE]      (never a hang)
 
+A POST whose Content-Type is not application/json is refused here with the replicas' 415 (never forwarded).
 Every replica failing is a 503 naming what each said; no healthy replica a 503; a model no replica serves a 404
 model_not_found. A background task calls registry.expire() every `expire_interval` s and cancels the in-flight
 forwards of each removed replica (handled as above: retried, or ended in-band). The counters always satisfy
@@ -283,6 +284,7 @@ def make_router_app(router: Router) -> FastAPI:
         ticket = router.ticket()
         handed_off = False
         try:
+            protocol.check_content_type(request.headers.get("content-type"))  # a 415, as the replicas answer
             raw, body = await _json(request)
             model = router.check_model(body)
             response = await forward(router, request, path, raw, body, model, ticket)

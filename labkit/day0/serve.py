@@ -1,38 +1,46 @@
 """Start-up for TinyVLM's release (notebook 07, section 5): what `python -m labkit.serving --model data/tinyvlm
 --tp 2 --port P` runs. labkit.serving names this module in its MODEL_TYPES registry ("tinyvlm" ->
-"labkit.day0.serve:engine_loader") and imports it only when a release of that type is served.
+"labkit.day0.serve": engine_loader and processor_loader) and imports it only when a release of that type is served.
 
-    service process                                         rank r of tp (one gloo process each, tp > 1)
+    API process                                engine-core process             rank r of tp (gloo, tp > 1)
     HTTP server listening at once: /health 503 "loading"
-    engine thread, load():
-      1. TPRunner.from_builder(rank_model, (folder, ...))  -->  rank_arena: ONE buffer planned from the headers
-                                                                (its slices, its KV pools, an activation reserve);
-                                                                build_rank_model(..., arena=) reads only its
-                                                                slices of only the shards that hold them into it;
-                                                                its ModelRunner's K/V pools are views of the
-                                                                arena's KV region (kv_pools)
-      2. load_encoder: vision tower + projector, here       (the language model is never allocated here)
-      3. VLMProcessor over an EncoderCache                   (the service's processor thread runs it)
-      4. engine.warmup(): a one-token forward on every rank  --> /health 200 "ready"
+    Service(process=True) spawns ----------->  release_engine (engine_loader's
+                                               picklable partial):
+                                               1. TPRunner.from_builder(rank_model, (folder, ...))
+                                                                     -->  rank_arena: ONE buffer planned from
+                                                                          the headers (its slices, its KV pools,
+                                                                          an activation reserve);
+                                                                          build_rank_model(..., arena=) reads
+                                                                          only its slices of only the shards
+                                                                          that hold them into it; its
+                                                                          ModelRunner's K/V pools are views of
+                                                                          the arena's KV region (kv_pools)
+                                               2. engine.warmup(): a one-token forward on every rank
+                               <-------------  Ready(pid)
+    processor_loader: vision tower + projector (the language model never allocated) behind an EncoderCache;
+      the VLMProcessor (the service's processor thread runs it)
+    /health 200 "ready"; image features go down the pipe inside AddRequest (by value), tokens come back in Outputs
 
 tp = 1 needs no ranks: the decoder is rank 0 of 1 (every slice the whole tensor, the same arena), in this
-process. The activation reserve is the footprint's (labkit.day0.plan): planned room, which PyTorch's CPU
+process (the engine process). The activation reserve is the footprint's (labkit.day0.plan): planned room, which PyTorch's CPU
 allocator does not use (it allocates activations itself); on a device the arena would be all there is. A rank that
 fails to load (a truncated shard, ...) raises RankError naming the rank and the cause; the Pool has ended the
-group (no rank outlives it), /health says "failed", and `python -m labkit.serving` exits with code 1.
+group (no rank outlives it), the engine process says Failed with that error, /health says "failed", and
+`python -m labkit.serving` exits with code 1.
 check_release runs first, in parse_args: config.json parses, the folder is a release and --tp divides the
 decoder (exit 2 otherwise); the shards themselves are read by the ranks.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
 
 import torch
 
-from .._checks import check_choice, check_positive, check_type
+from .._checks import check_choice, check_positive, check_positive_int, check_type
 from ..parallel import tensor
 from ..serving import Engine, EngineConfig, ModelRunner, tp as serving_tp
 from ..tinylm import ByteTokenizer
@@ -130,37 +138,58 @@ def encoder_model(folder, cfg: TinyVLMConfig) -> TinyVLM:
     return model.eval()
 
 
-def build_engine(folder, tp: int = 1, dtype: str = "float32", timeout: float = RANK_TIMEOUT_S,
-                 config: EngineConfig | None = None, **options) -> tuple[Engine, VLMProcessor, ReleaseTokenizer]:
-    """The service's (engine, processor, tokenizer) for the release in `folder` (see the module docstring):
-    the decoder in `dtype` over `tp` gloo ranks that each load their own slices (tp 1: in this process), the
-    encoder (FP32) and its cache here; `timeout`: seconds a rank may take to load (and each collective).
-    config / options: the Engine's (EngineConfig); its resolved pool, max_num_seqs and token budget also size
-    each rank's arena. Close the ranks with engine.close()."""
+def release_engine(folder, tp: int = 1, dtype: str = "float32", timeout: float = RANK_TIMEOUT_S,
+                   config: EngineConfig | None = None, threads: int | None = None, **options) -> Engine:
+    """The Engine serving the release in `folder`'s decoder (see the module docstring): in `dtype` over `tp` gloo
+    ranks that each load their own slices (tp 1: in this process); `timeout`: seconds a rank may take to load
+    (and each collective); torch on `threads` threads (None: as it is). config / options: the Engine's
+    (EngineConfig); its resolved pool, max_num_seqs and token budget also size each rank's arena. Picklable with
+    functools.partial: what the service's engine process builds (engine_loader). Close the ranks with
+    engine.close()."""
     cfg = check_release(folder, tp)
     check_positive("timeout", timeout, unit="seconds")
     check_choice("dtype", dtype, ("float32", "bfloat16"))
+    if threads is not None:
+        torch.set_num_threads(check_positive_int("threads", threads, "threads"))
     config = EngineConfig.build(config, **options).resolve(cfg.text_config)
     sizes = (config.num_blocks, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
     if tp == 1:
         shard = rank_model(0, 1, str(folder), dtype, *sizes)
-        engine = Engine(runner=ModelRunner(shard.local, config.num_blocks, config.block_size, pools=shard.kv_pools),
-                        config=config)
-    else:
-        engine = serving_tp.built_tp_engine(rank_model, (str(folder), dtype, *sizes), cfg.text_config, tp,
-                                            timeout=timeout, config=config)
+        return Engine(runner=ModelRunner(shard.local, config.num_blocks, config.block_size, pools=shard.kv_pools),
+                      config=config)
+    return serving_tp.built_tp_engine(rank_model, (str(folder), dtype, *sizes), cfg.text_config, tp,
+                                      timeout=timeout, config=config)
+
+
+def release_processor(folder) -> tuple[VLMProcessor, ReleaseTokenizer]:
+    """The release's (processor, tokenizer), which serve in the API process: the vision encoder (FP32, the
+    language model never allocated) behind an EncoderCache of ENCODER_CACHE_IMAGES images."""
+    cfg = check_release(folder, 1)
+    cache = EncoderCache(encoder_model(folder, cfg).encode_images, ENCODER_CACHE_IMAGES, cfg.vision_config.image_size)
+    return VLMProcessor(None, cfg, cache), ReleaseTokenizer()
+
+
+def build_engine(folder, tp: int = 1, dtype: str = "float32", timeout: float = RANK_TIMEOUT_S,
+                 config: EngineConfig | None = None, **options) -> tuple[Engine, VLMProcessor, ReleaseTokenizer]:
+    """(engine, processor, tokenizer) in this process (notebook 07, the tests): release_engine's engine and
+    release_processor's pair. Close the ranks with engine.close()."""
+    engine = release_engine(folder, tp, dtype, timeout, config, **options)
     try:
-        cache = EncoderCache(encoder_model(folder, cfg).encode_images, ENCODER_CACHE_IMAGES,
-                             cfg.vision_config.image_size)
-        return engine, VLMProcessor(None, cfg, cache), ReleaseTokenizer()
+        return (engine, *release_processor(folder))
     except BaseException:
         engine.close()
         raise
 
 
 def engine_loader(args, config: EngineConfig):
-    """labkit.serving's entry for model_type "tinyvlm": checks the release and --tp now (parse time, exit 2),
-    and returns load(), which builds (engine, processor, tokenizer) on the service's engine thread (FP32)."""
+    """labkit.serving's entry for model_type "tinyvlm" (its MODEL_TYPES): checks the release and --tp now (parse
+    time, exit 2) and returns the picklable load() the service's engine process runs (release_engine, FP32, on
+    --threads threads)."""
     folder, tp = Path(args.model).resolve(), args.tp  # the ranks get an absolute path
     check_release(folder, tp)
-    return lambda: build_engine(folder, tp, config=config)
+    return functools.partial(release_engine, folder, tp, "float32", RANK_TIMEOUT_S, config, args.threads)
+
+
+def processor_loader(args) -> tuple[VLMProcessor, ReleaseTokenizer]:
+    """labkit.serving's other entry: the (processor, tokenizer) the API process serves with (release_processor)."""
+    return release_processor(Path(args.model).resolve())

@@ -7,6 +7,8 @@ The notebook's check cells and tests/quant/test_exercises.py both use them:
     PACK              pack(codes) -> bytes and unpack(bytes) -> codes, checked together through
                       pack_round_trip(pack, unpack)                           (section 4)
     QUANTIZED_LINEAR  quantized_linear(x, q) = x @ w_hat.T, tile by tile      (section 8)
+    FUSED_LOOP        fused_matvec(x, w) = x @ w_hat.T in one loop over the packed bytes of an
+                      Int4Weight (rung 3 of labkit.quant.kernels, in plain Python) (section 8)
 
 The two-function exercises compare a dict of named values, so that a [FAIL] line names the one that
 differs ("['zero'] = dtype float32, expected int32"); integer answers must come in the dtype the prompt
@@ -22,6 +24,7 @@ import torch
 from .._checks import fail
 from ..course import Exercise
 from ..rng import Rng
+from .kernels import Int4Weight, dequantize_then_matmul, pack_weight
 from .linear import QuantLinear
 from .packing import pack_int4, unpack_int4
 from .qtensor import QTensor, quantize
@@ -144,3 +147,28 @@ QUANTIZED_LINEAR = Exercise("quantized_linear", quantized_linear_reference,
                                    (torch.randn(3, 48, generator=_GEN),
                                     quantize(torch.randn(8, 48, generator=_GEN), 4, "asym", 16))],
                             random_case=random_layer, rtol=1e-5, atol=1e-5)
+
+
+# --- exercise 4: the fused unpack-dequantize-accumulate loop (rung 3 of labkit.quant.kernels) -------------
+
+def fused_reference(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """y = x @ w_hat.T for x float32 [K], by rung 1 (the whole matrix dequantized in torch ops)."""
+    return dequantize_then_matmul(x, w)
+
+
+def random_packed(rng: Rng) -> tuple[torch.Tensor, Int4Weight]:
+    """Random x [K] and a packed INT4 weight [1..12, K], asymmetric or symmetric, groups of 4, 8 or 16."""
+    gen = _seeded(rng)
+    out, group, groups = 1 + rng.below(12), rng.choice([4, 8, 16]), 1 + rng.below(4)
+    w = torch.randn(out, group * groups, generator=gen) + rng.below(3) - 1
+    return torch.randn(group * groups, generator=gen), pack_weight(quantize(w, 4, rng.choice(["asym", "sym"]), group))
+
+
+_GEN4 = torch.Generator().manual_seed(4)
+# one row of one group first (a [FAIL] line then shows the values; x = 1..8 tells the nibble order apart),
+# then two groups of 8 over 4 rows
+FUSED_LOOP = Exercise("fused_matvec", fused_reference,
+                      cases=[(torch.arange(1.0, 9.0), pack_weight(quantize(BY_HAND, 4, "asym", 8))),
+                             (torch.randn(16, generator=_GEN4),
+                              pack_weight(quantize(torch.randn(4, 16, generator=_GEN4), 4, "asym", 8)))],
+                      random_case=random_packed, rtol=1e-5, atol=1e-5)

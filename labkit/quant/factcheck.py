@@ -14,6 +14,8 @@ quotation marks are theirs:
     compression(results)                   the "8:1 compression" (sections 4 and 6)
     retention(results)                     the "98.7% accuracy retained" (section 6)
     mixed_precision(results, sens)         "attention FP16, FFN INT4, embedding INT8" (section 6)
+    compute_density(results, models)       that table "triples compute density while limiting accuracy loss
+                                           to <1%" (section 6)
 
 `results` is a labkit.quant.quality.sweep of labkit.quant.SETTINGS, `sens` a quality.sensitivity.
 """
@@ -25,8 +27,10 @@ from typing import Mapping
 
 from .._checks import check_bool, check_fraction, check_number, check_positive, check_type, fail
 from ..course import FactCheck
+from ..tinylm import linear_layers
 from .qtensor import quantized_bytes
 from .noise import ABOVE, BELOW, paired_difference
+from .policy import SETTINGS, resolve_policy
 from .quality import Sensitivity
 
 
@@ -201,3 +205,91 @@ def mixed_precision(results: Mapping[str, dict], sens: Mapping[str, Sensitivity]
                      f"; attention in FP16 pays only if {gain:.4f} perplexity is worth {memory:.1f}x the memory.",
                      {"attention_vs_mlp": pair, "attention_above": pair.above, "embedding_above": k_emb,
                       "embedding_separated": separated, "gain": gain})
+
+
+# Tensor-core rates relative to FP16, NVIDIA A100 Tensor Core GPU datasheet (dense): FP16/BF16 312 TFLOPS,
+# INT8 624 TOPS, INT4 1,248 TOPS (TF32, for an FP32 layer, 156). The last NVIDIA part with INT4 tensor cores.
+TENSOR_RATE = {"fp32": 0.5, "fp16": 1.0, "bf16": 1.0, "int8": 2.0, "int4": 4.0}
+MATMUL_TYPES = ("attention", "mlp", "head")  # what a token's matmuls read: the embedding is a row lookup
+
+
+def _bits(precision: str, group_len: int, scheme: str) -> float:
+    """Bits per weight of one precision: codes plus fp16 scales (and zeros) per `group_len` weights."""
+    if precision in ("int8", "int4"):
+        n = 2 ** 20 * group_len
+        return 8 * quantized_bytes(n, int(precision[3:]), group_len, scheme) / n
+    return 32.0 if precision == "fp32" else 16.0
+
+
+def compute_density(results: Mapping[str, dict], models: Mapping[str, object], mixed: str = MIXED,
+                    target: float = 3.0, loss: float = 0.01) -> FactCheck:
+    """"triples compute density while limiting accuracy loss to <1%", for the mixed policy `mixed` (a setting
+    of labkit.quant.SETTINGS, measured in `results`, a quality.sweep whose first row is FP32).
+
+    Density, for each model of `models` ({name: TinyLMConfig or labkit.specs.ModelSpec of a dense model}),
+    per decoded token against FP16: the bytes its matmuls read (attention, MLP and output layer at the
+    policy's precisions, scales and zeros included) and the tensor-core FLOP/s its matmuls run at (INT8 2x,
+    INT4 4x FP16: TENSOR_RATE), with attention in FP16 as Amdahl's ceiling, 1 / attention's share.
+    Accuracy: the mixed setting's paired 95% retention interval against 1 - loss."""
+    results = _results(results, mixed, keys=("ratio", "ppl", "retention", "retained", "low", "high"))
+    check_type("models", models, Mapping, "a dict of name -> TinyLMConfig or ModelSpec")
+    if not models:
+        fail("models", models, "a non-empty dict of name -> TinyLMConfig or ModelSpec")
+    setting = {s.name: s for s in SETTINGS}.get(mixed)
+    if setting is None or not isinstance(setting.group_size, int):
+        fail("mixed", mixed, "the name of a setting of labkit.quant.SETTINGS with an int group size (a mixed one)")
+    target = check_number("target", target, low=1.0, low_open=True)
+    loss = check_fraction("loss", loss, allow_one=False)
+    prec = resolve_policy(setting.policy)
+    bits = {t: _bits(prec[t], setting.group_size, setting.scheme) for t in MATMUL_TYPES}
+    if prec["attention"] == prec["mlp"]:
+        fail("mixed", mixed, "a setting of labkit.quant.SETTINGS that gives attention and the MLP different "
+             "precisions (a mixed one)")
+    density = {}
+    for name, cfg in models.items():
+        weights = dict.fromkeys(MATMUL_TYPES, 0)
+        for e in linear_layers(cfg):  # TypeError unless a config with TinyLM's fields
+            if e.layer_type in weights:
+                weights[e.layer_type] += e.shape[0] * e.shape[1]
+        share = {t: w / sum(weights.values()) for t, w in weights.items()}
+        density[name] = {"share": share, "bytes": 16 / sum(share[t] * bits[t] for t in share),
+                         "flops": 1 / sum(share[t] / TENSOR_RATE[prec[t]] for t in share),
+                         "ceiling": 1 / share["attention"]}
+    first = next(iter(results))
+    mx = results[mixed]
+    decided = mx["retention"].decide(1 - loss)
+    fp16 = mx["ratio"] / 2
+    ppl = mx["ppl"] / results[first]["ppl"] - 1
+    mlp_rate = TENSOR_RATE[prec["mlp"]] / TENSOR_RATE[prec["attention"]]
+    # the largest attention share that still triples, with the rest at the MLP's bits / rate
+    attn_bytes = (16 / target - bits["mlp"]) / (bits["attention"] - bits["mlp"])
+    attn_flops = (1 / target - 1 / mlp_rate) / (1 - 1 / mlp_rate)
+    policy = ", ".join(f"{t} {prec[t].upper()} ({bits[t]:g} bits)" for t in MATMUL_TYPES)
+    arithmetic = [f"{mixed}: {policy}; a token's matmuls against FP16, FLOP/s at A100's tensor-core rates "
+                  f"(INT8 2x, INT4 4x FP16)",
+                  f"TinyLM as measured: {mx['ratio']:.1f}:1 vs FP32 = {fp16:.2f}:1 vs FP16 (all the weights stored)"]
+    arithmetic += [f"{n:<12} attention {d['share']['attention']:4.0%} mlp {d['share']['mlp']:4.0%} head "
+                   f"{d['share']['head']:4.0%} of the matmul weights: bytes {d['bytes']:.2f}x fewer, FLOP/s "
+                   f"{d['flops']:.2f}x; ceiling with attention in FP16 {d['ceiling']:.1f}x" for n, d in density.items()]
+    arithmetic += [f"{target:g}x needs attention at most {max(attn_bytes, 0):.1%} of the matmul weights (bytes) or "
+                   f"{max(attn_flops, 0):.1%} (FLOP/s)",
+                   f"accuracy: {mixed} retains {mx['retained']:.1%} of FP32's right answers (95% interval "
+                   f"{mx['low']:.1%}-{mx['high']:.1%}) -> loss < {loss:.0%} (retention >= {1 - loss:.0%}): {decided}; "
+                   f"perplexity {ppl:+.2%}"]
+    best = max(max(d["bytes"], d["flops"]) for d in density.values())
+    tripled = [n for n, d in density.items() if max(d["bytes"], d["flops"]) >= target]
+    half1 = (f"The density half does not hold: against FP16 the policy reaches at most {best:.2f}x "
+             f"({_names(list(density))}), because attention stays in FP16" if not tripled else
+             f"The density half holds for {_names(tripled)} (up to {best:.2f}x against FP16)")
+    half2 = ("the accuracy half holds on TinyLM (the whole interval is above "
+             f"{1 - loss:.0%})" if decided == "reached" else
+             f"the accuracy half does not hold on TinyLM (the whole interval is below {1 - loss:.0%})"
+             if decided == "not reached" else f"the accuracy half this test set cannot decide ({1 - loss:.0%} is "
+             f"inside the interval)")
+    return FactCheck(f'Mixed precision "triples compute density while limiting accuracy loss to <{loss:.0%}"',
+                     arithmetic, f"{half1}; {half2}.",
+                     f"the baseline is FP32 ({mx['ratio']:.1f}:1 in bytes on TinyLM), or attention is a small "
+                     f"share of the matmuls (at most {max(attn_bytes, 0):.1%} for bytes, {max(attn_flops, 0):.1%} "
+                     f"for FLOP/s), or attention too runs in INT8 or INT4.",
+                     {"density": density, "fp16": fp16, "decided": decided, "ppl": ppl, "tripled": tripled,
+                      "attention_max": (attn_bytes, attn_flops)})

@@ -9,7 +9,7 @@
 --model is a release folder (config.json and its safetensors shards). TinyLM's own release (model_type "llama",
 labkit.tinylm.checkpoint) is served here; another release is served by the loader its config.json's
 "model_type" names in MODEL_TYPES:
-"module:function" strings imported only when that model is served, the way vLLM's ModelRegistry maps
+module names imported only when that model is served, the way vLLM's ModelRegistry maps
 architectures to lazily imported model classes (vllm/model_executor/models/registry.py, _LazyRegisteredModel;
 ModelRegistry.register_model also takes "module:Class" strings; vLLM keys on config.json's "architectures",
 here one model type is one architecture). So this package never imports the lab that adds the model (imports
@@ -53,7 +53,7 @@ from ..tinylm import read_config
 from .api import ServerThread, make_app
 from .register import Registrar, check_http_url, routable_url
 from .config import DEFAULT_BLOCK_SIZE, EngineConfig
-from .config import SCHEDULING_POLICIES, PREEMPTION_MODES
+from .config import PREEMPTION_MODES, QUEUE_ORDERS, SCHEDULING_POLICIES
 from .core import checkpoint_engine
 from .service import Service
 
@@ -62,18 +62,18 @@ DEFAULTS = EngineConfig()  # the options' defaults are the engine's own
 
 TINYLM_MODEL_TYPE = "llama"
 """config.json's model_type of TinyLM's release (a Llama, labkit.tinylm.checkpoint): served by this package."""
-MODEL_TYPES = {"tinyvlm": "labkit.day0.serve:engine_loader"}
-"""config.json's model_type -> "module:function": function(args, config: EngineConfig) checks the options against
-the release (--tp, the folder) raising ValueError / TypeError / OSError that say why, and returns the Service's
-loader, run on the engine thread: load() -> (engine, processor, tokenizer) (labkit.serving.service)."""
+MODEL_TYPES = {"tinyvlm": "labkit.day0.serve"}
+"""config.json's model_type -> the module that serves it, with two functions:
+engine_loader(args, config: EngineConfig) checks the options against the release (--tp, the folder), raising
+ValueError / TypeError / OSError that say why, and returns the picklable load() -> Engine that the engine process
+runs (labkit.serving.core); processor_loader(args) -> (processor, tokenizer), which serve in the API process."""
 
 
 def model_loader(model_type: str):
-    """The loader factory MODEL_TYPES names for `model_type`, imported now (KeyError-free: ValueError)."""
+    """The module MODEL_TYPES names for `model_type`, imported now (KeyError-free: ValueError)."""
     if model_type not in MODEL_TYPES:
         fail("model_type", model_type, f"one of {sorted(MODEL_TYPES)} (the model types this server can load)")
-    module, _, name = MODEL_TYPES[model_type].partition(":")
-    return getattr(importlib.import_module(module), name)
+    return importlib.import_module(MODEL_TYPES[model_type])
 
 
 def release_config(path: str) -> dict | None:
@@ -136,6 +136,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--policy", choices=SCHEDULING_POLICIES, default=DEFAULTS.policy, help="batching policy")
     parser.add_argument("--preemption", choices=PREEMPTION_MODES, default=DEFAULTS.preemption,
                         help="when KV blocks run out")
+    parser.add_argument("--order", choices=QUEUE_ORDERS, default=DEFAULTS.order,
+                        help="who goes first among waiting requests of one priority: first come, shortest prompt, "
+                             "or predicted shortest job (max_tokens left), under the scheduler's starvation bound")
     parser.add_argument("--threads", type=_positive, default=max(1, (os.cpu_count() or 1) - 1),
                         help="torch threads for the model (default: the cores but one, left to the HTTP server and "
                              "the clients: on 2 cores, 1 thread serves faster under load, benchmarks/RESULTS.md)")
@@ -155,11 +158,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.config = engine_config(args)
     except (ValueError, TypeError) as e:
         parser.error(f"--{str(e).split()[0].replace('_', '-')}: {e}")
-    args.load, args.stem = None, Path(args.model).resolve()
+    args.load, args.release, args.stem = None, None, Path(args.model).resolve()
     try:
         config = release_config(args.model)
-        if config is not None and config.get("model_type") != TINYLM_MODEL_TYPE:  # its model type's loader
-            args.load = model_loader(config.get("model_type"))(args, args.config)  # checks the options
+        if config is not None and config.get("model_type") != TINYLM_MODEL_TYPE:  # its model type's module
+            args.release = model_loader(config.get("model_type"))
+            args.load = args.release.engine_loader(args, args.config)  # checks the options
     except (ValueError, TypeError, OSError, ImportError) as e:
         parser.error(f"--model {args.model}: {e}")
     if config is None:
@@ -181,32 +185,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the options give (KV pool, batch, policy, preemption; the last 1000 steps' history)."""
     return EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                        policy=args.policy, preemption=args.preemption,
+                        policy=args.policy, preemption=args.preemption, order=args.order,
                         enable_prefix_caching=args.enable_prefix_caching, history_limit=1000)
 
 
 def engine_loader(args: argparse.Namespace):
-    """A picklable function that builds the Engine the options describe (core.checkpoint_engine with the
-    checkpoint, --tp and the EngineConfig), run in the engine process; for a release: the loader its model
-    type's factory made in parse_args, run on the service's engine thread (it brings its processor)."""
+    """The picklable function the engine process runs to build the Engine the options describe, torch on
+    --threads threads there: core.checkpoint_engine with the checkpoint, --tp and the EngineConfig, or for
+    another model type the load() its module's engine_loader made in parse_args."""
     if getattr(args, "load", None) is not None:
         return args.load
-    return functools.partial(checkpoint_engine, args.stem, args.tp, args.config)
-
-
-def close_engine(engine) -> None:
-    """Stop a TP engine's rank processes (Engine.close; a one-process engine has nothing to stop)."""
-    engine.close()
+    return functools.partial(checkpoint_engine, args.stem, args.tp, args.config, args.threads)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.load is not None:  # a release: its loader brings the processor, which serves in this process
-        torch.set_num_threads(args.threads)
-        service = Service(args.load, close=close_engine, stream_interval=args.stream_interval)
-    else:  # the engine in its own process, torch on --threads threads there
-        load = functools.partial(checkpoint_engine, args.stem, args.tp, args.config, args.threads)
-        service = Service(load, stream_interval=args.stream_interval, process=True)
+    load_processor = None
+    if args.release is not None:  # its processor (a vision encoder, ...) serves in this process, loaded once the
+        torch.set_num_threads(args.threads)  # engine process is ready
+        load_processor = functools.partial(args.release.processor_loader, args)
+    service = Service(engine_loader(args), stream_interval=args.stream_interval, process=True,
+                      load_processor=load_processor)
     try:
         server = ServerThread(make_app(service, args.name), args.host, args.port, args.log_level)
     except OSError as e:

@@ -20,6 +20,7 @@ from ..tinylm import TinyLMConfig
 from .batch import StepCost
 SCHEDULING_POLICIES = ("static", "continuous", "chunked")  # labkit.serving.scheduler's docstring says what each does
 PREEMPTION_MODES = ("recompute", "swap")
+QUEUE_ORDERS = ("fcfs", "shortest_prompt", "shortest_job")  # the order inside a priority: scheduler's docstring
 
 DEFAULT_BLOCK_SIZE = 16
 """tokens per KV block when neither the caller nor the runner says (vLLM's default on GPUs)"""
@@ -30,6 +31,7 @@ class EngineConfig:
     """What an Engine runs with. None means "derive it": num_blocks -> room for max_num_seqs full contexts (no
     request is ever preempted), block_size -> 16, max_num_batched_tokens -> one whole context per step (at
     least max_num_seqs), or 64 under chunked prefill. clock: "wall", "measured" or a StepCost (Engine's
+    docstring); order: who goes first among requests of one priority, one of QUEUE_ORDERS (Scheduler's
     docstring); hash_mm=False: the naive prefix cache that hashes token ids only (notebook 07)."""
     block_size: int | None = None
     num_blocks: int | None = None
@@ -38,6 +40,7 @@ class EngineConfig:
     policy: str = "continuous"
     preemption: str = "recompute"
     max_wait: float | None = None
+    order: str = "fcfs"
     enable_prefix_caching: bool = True
     hash_mm: bool = True
     seed: int = 0
@@ -59,6 +62,7 @@ class EngineConfig:
         check_choice("preemption", self.preemption, PREEMPTION_MODES)
         if self.max_wait is not None:
             check_positive("max_wait", self.max_wait, "seconds")
+        check_choice("order", self.order, QUEUE_ORDERS)
         check_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_bool("hash_mm", self.hash_mm)
         check_int("seed", self.seed, 0)

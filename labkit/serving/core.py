@@ -208,15 +208,16 @@ def _close(engine) -> None:
         traceback.print_exc()
 
 
-def checkpoint_engine(stem, tp: int, config, threads: int | None = None):
-    """The Engine serving the TinyLM checkpoint `stem` (load_pretrained) with `config` (EngineConfig), on `tp`
-    gloo ranks when tp > 1, torch on `threads` threads (None: as it is): what `python -m labkit.serving --model
-    PATH` runs (picklable with functools.partial, so an engine process can build it)."""
+def checkpoint_engine(path, tp: int, config, threads: int | None = None):
+    """The Engine serving the TinyLM release folder `path` (load_pretrained, e.g. data/tinylm) with `config`
+    (EngineConfig), on `tp` gloo ranks when tp > 1, torch on `threads` threads (None: as it is): what
+    `python -m labkit.serving --model PATH` runs (picklable with functools.partial, so an engine process can
+    build it)."""
     import torch
     from ..tinylm import load_pretrained
     if threads is not None:
         torch.set_num_threads(threads)
-    model, _ = load_pretrained(stem)
+    model, _ = load_pretrained(path)
     if tp > 1:  # the model over tp gloo processes (imported only when asked for)
         from .tp import tp_engine
         return tp_engine(model, tp, config=config)

@@ -11,14 +11,26 @@ Policies, with a token budget per step (max_num_batched_tokens) and at most max_
                  schedules the decodes first, then the prefill chunks of running requests, then new ones
                  (chunked prefill, Sarathi-Serve / vLLM): a long prompt never stalls the others' next tokens
 
-Order: a lower `priority` value first, then earlier arrival. Starvation bound (max_wait, None = none): a
-request that arrived `max_wait` seconds ago or more counts as the most urgent (priority -inf), so it is admitted at the latest once
-the requests ahead of it in that order have been (aging).
+Order: a lower `priority` value first; inside one priority, by `order` (EngineConfig.order):
+
+    fcfs             earlier arrival first (first come, first served)
+    shortest_prompt  fewer prompt tokens first: a short prefill gets its first token sooner
+    shortest_job     fewer predicted remaining output tokens first (predicted shortest job first): the
+                     prediction is max_tokens minus the tokens already produced, exact when outputs run to
+                     max_tokens (the course's traces) and an upper bound otherwise; each output token is one
+                     decode step, so it predicts a request's remaining time. A learned length predictor
+                     (Qiu et al. 2024; Fu et al. 2024) would take its place in a real server
+    ties: earlier arrival, then request id
+
+Starvation bound (max_wait, None = none): a request that arrived `max_wait` seconds ago or more counts as the
+most urgent (priority -inf; aged requests among themselves by arrival), so no later arrival is admitted before
+it once it has aged, and it is admitted at the latest once the earlier arrivals ahead of it have been (aging).
+Without it, a length order starves a long request as long as shorter ones keep arriving.
 
 Out of blocks: a running request that needs a new block for its next token preempts the running request
-that comes LAST in that order (lowest priority, latest arrival; itself if it is last) until the block is
-there. Recompute frees the victim's blocks; it waits again with its output so far and is prefilled again
-(prompt + output) when re-admitted. Swap copies the victim's computed blocks to host memory first; it is
+that comes LAST in that order (lowest priority, then the latest arrival or the longest; itself if it is last)
+until the block is there. Recompute frees the victim's blocks; it waits again with its output so far and is
+prefilled again (prompt + output) when re-admitted. Swap copies the victim's computed blocks to host memory first; it is
 swapped back in (before any new admission) when blocks allow. Either way its tokens are kept and it
 finishes like the others. A request whose prompt + max_tokens needs more blocks than the whole pool could
 never finish: the engine refuses it at admission (LargerThanPoolError).
@@ -75,6 +87,7 @@ class Scheduler:
             fail("config.max_num_batched_tokens", None, "a number of tokens per step (EngineConfig.resolve fills it in)")
         self.bm = block_manager
         self.policy, self.preemption, self.max_wait = config.policy, config.preemption, config.max_wait
+        self.queue_order = config.order
         self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -118,9 +131,21 @@ class Scheduler:
     # --- one step -----------------------------------------------------------------------------------------
 
     def order(self, seq: Sequence, now: float) -> tuple:
-        """Sort key: aged requests first, then priority, then arrival (see the module docstring)."""
+        """Sort key: aged requests first (by arrival), then priority, then the queue order's length (0 under
+        fcfs), then arrival (see the module docstring)."""
         aged = self.max_wait is not None and now - seq.arrival >= self.max_wait  # running too: an aged request is never the victim
-        return (-math.inf if aged else seq.priority, seq.arrival, seq.request_id)
+        if aged:
+            return (-math.inf, 0, seq.arrival, seq.request_id)
+        return (seq.priority, self.length(seq), seq.arrival, seq.request_id)
+
+    def length(self, seq: Sequence) -> int:
+        """What the queue order ranks by inside a priority (tokens): 0 (fcfs), the prompt's tokens
+        (shortest_prompt) or the predicted remaining output tokens, max_tokens - produced (shortest_job)."""
+        if self.queue_order == "shortest_prompt":
+            return seq.num_prompt_tokens
+        if self.queue_order == "shortest_job":
+            return seq.params.max_tokens - seq.num_output_tokens
+        return 0
 
     def schedule(self, now: float) -> SchedulerOutput:
         """Pick this step's work; reserves the slots it will write (block_manager.append / allocate)."""

@@ -86,10 +86,13 @@ class Service:
     return an Engine, and `close` is not taken (the process closes its engine). `tokenizer` needs encode(text)
     -> ids and decode_bytes(ids) -> bytes (ByteTokenizer by default); `processor` makes the Prompts
     (TextProcessor(tokenizer) by default); `close(engine)`, if given, runs on the engine thread when it stops (a
-    TP engine's rank processes). start() begins loading, stop() ends the threads (and the engine process)."""
+    TP engine's rank processes). With process=True, `load_processor()` -> (processor, tokenizer), if given, runs in
+    this process once the engine process is ready (a vision encoder: lab 07); until then the service is loading,
+    and its failure fails the service. start() begins loading, stop() ends the threads (and the engine process)."""
 
     def __init__(self, load: Callable[[], object], tokenizer=None, close: Callable[[object], None] | None = None,
-                 stream_interval: int = 1, processor: Processor | None = None, process: bool = False):
+                 stream_interval: int = 1, processor: Processor | None = None, process: bool = False,
+                 load_processor: Callable[[], tuple] | None = None):
         self.stream_interval = check_positive_int("stream_interval", stream_interval, "tokens")
         if not callable(load):
             fail("load", load, "a callable that returns an Engine (or an (engine, processor) pair)", TypeError)
@@ -100,6 +103,10 @@ class Service:
             check_picklable("load", load)
             if close is not None:
                 fail("close", close, "None with process=True (the engine process closes its engine)", TypeError)
+        if load_processor is not None and not (process and callable(load_processor)):
+            fail("load_processor", load_processor, "None, or with process=True a callable that returns (processor, "
+                 "tokenizer) (with process=False, load() returns them)", TypeError)
+        self._load_processor = load_processor
         self._load, self._close, self.tokenizer = load, close, tokenizer or ByteTokenizer()
         self.processor = TextProcessor(self.tokenizer) if processor is None else \
             check_type("processor", processor, Processor, "a Processor (chat(messages), completion(prompt)) or None")
@@ -306,6 +313,13 @@ class Service:
             self._ready.set()
             return self._end_process()
         self._engine_stats = first.stats
+        if self._load_processor is not None:  # after the engine: a release the ranks cannot load is named by them
+            try:
+                self.processor, self.tokenizer = self._load_processor()
+                check_type("processor", self.processor, Processor, "a Processor")
+            except BaseException as e:  # noqa: BLE001 - a failed load is a state
+                self._loading_failed(f"loading the processor failed: {type(e).__name__}: {e}")
+                return self._end_process()
         self._became_ready()
         try:
             while self.state == "ready":

@@ -188,3 +188,41 @@ def corpus(split: str = "train", n_bytes: int = 100_000, seed: int = 0) -> bytes
         if total >= n_bytes:
             break
     return "".join(parts).encode("ascii")[:n_bytes]
+
+
+# --- tasks TinyLM was never trained on (notebook 09 fine-tunes it on one) ---------------------------------
+# Added after the corpus above was fixed: nothing here is drawn by documents() or make_tasks(), so TinyLM's
+# training data and every task above generate exactly as before.
+
+NEW_TASK_KINDS = ("first",)
+"""first: "first qzkhf -> q": the first letter of a 3..10-letter lowercase word, then the end of the line.
+TinyLM has never seen the keyword and, asked, answers 0% of them (it goes on copying, or says something else);
+its answer uses a letter it knows well, so a few dozen steps of fine-tuning teach it (notebook 09)."""
+
+
+def word_split(word: str) -> str:
+    """Which split owns a word: a fixed hash of its letters, 18/20 train, 1/20 val, 1/20 test, so that a test
+    word never appears in training."""
+    if not isinstance(word, str) or not word.isascii() or not word.isalpha() or not word.islower():
+        raise ValueError(f"word must be a non-empty lowercase ASCII word, got {word!r}")
+    bucket = 0
+    for ch in word:
+        bucket = (bucket * 31 + ord(ch)) % 1_000_003
+    bucket %= 20
+    return "train" if bucket < 18 else ("val" if bucket == 18 else "test")
+
+
+def _first(rng: Rng, split: str) -> Task:
+    while True:  # draw until the word belongs to the split (about 1 in 20 draws for val and test)
+        word = "".join(rng.choice(_LETTERS) for _ in range(3 + rng.below(8)))
+        if word_split(word) == split:
+            return Task("first", f"first {word} -> ", word[0])
+
+
+def make_new_tasks(kind: str, n: int, split: str = "test", seed: int = 0) -> list[Task]:
+    """`n` tasks of a kind in NEW_TASK_KINDS from `split`, fixed by `seed` (notebook 09's fine-tuning task)."""
+    check_choice("kind", kind, NEW_TASK_KINDS)
+    check_positive_int("n", n)
+    _check_split(split, seed)
+    rng = Rng(_split_seed(seed, split, 101 + NEW_TASK_KINDS.index(kind)))
+    return [_first(rng, split) for _ in range(n)]

@@ -20,6 +20,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.processes import children
+
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -45,18 +47,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def _get(url: str, method: str = "GET"):
@@ -118,7 +108,7 @@ def jupyter_lab(root: Path, home: Path, timeout: float = 180):
             raise RuntimeError(f"JupyterLab did not answer within {timeout:g} s")
         yield lab
     finally:
-        kernels = _children(server.pid)
+        kernels = children(server.pid)
         try:
             lab.shutdown_kernels()
         except OSError:

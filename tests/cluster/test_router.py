@@ -135,6 +135,9 @@ def test_no_healthy_replica_is_a_503_with_openai_body():
         assert lr.router.stats()["failed"] == 1 and accounted(lr.router.stats())
 
 
+JSON = {"content-type": "application/json"}
+
+
 def post(root: str, path: str, **kw) -> httpx.Response:
     return httpx.post(root + path, **kw)
 
@@ -152,7 +155,10 @@ def test_bad_input_gets_clear_answers_and_the_router_keeps_serving(shared):
         (post(root, "/replicas", json={"url": "ftp://x", "model": "tinylm"}), 400, "url"),
         (post(root, "/replicas", json={"url": "http://127.0.0.1:1/v1", "model": 7}), 400, "model"),
         (post(root, f"/replicas/{shared.ids[0]}/heartbeat", json=[1, 2]), 400, None),
-        (post(shared.url, "/completions", content=b"[1]"), 400, None),
+        (post(shared.url, "/completions", content=b"[1]", headers=JSON), 400, None),
+        (post(shared.url, "/completions", content=b'{"model": "tinylm"}', headers={"content-type": "text/plain"}),
+         415, None),  # refused by the router itself, as a replica would refuse it
+        (post(shared.url, "/chat/completions", content=b'{"model": "tinylm"}'), 415, None),  # no Content-Type
         (post(shared.url, "/completions", json={"prompt": "x"}), 400, "model"),
     ]
     for reply, status, param in cases:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -28,6 +27,7 @@ from labkit.day0.serve import ReleaseTokenizer, build_engine, check_release, enc
 from labkit.paths import ROOT
 from labkit.serving import SamplingParams
 from labkit.serving.launch import start_service
+from tests.processes import alive, descendants
 from tests.refusals import assert_refused
 
 MAX_TOKENS = 8
@@ -254,24 +254,6 @@ def test_bad_images_get_400_naming_the_field_and_the_service_keeps_serving(servi
 
 # --- start-up failures ----------------------------------------------------------------------------------------
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (Linux: /proc/PID/task/TID/children lists each thread's children)."""
-    kids = set()
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            kids.update(int(k) for k in children.read_text().split())
-        except OSError:  # the thread or the process ended meanwhile
-            pass
-    return kids.union(*(descendants(k) for k in kids))
-
-
-def alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def serve(folder, *args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "labkit.serving", "--model", str(folder), "--port", "0", *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -296,6 +278,9 @@ def test_health_is_503_until_every_rank_loaded_then_200(folder):
         ready_s = time.monotonic() - t0
         assert seen[0] == (503, "loading") and set(seen[:-1]) == {(503, "loading")}, seen
         assert all(httpx.get(url + "/health", timeout=10).status_code == 200 for _ in range(3))
+        engine = httpx.get(url + "/health", timeout=10).json()["engine"]  # the engine core in its own process,
+        assert engine["alive"] and engine["pid"] in descendants(proc.pid), engine  # the ranks its children
+        assert len(descendants(engine["pid"])) >= 2, descendants(engine["pid"])
         print(f"\nstart to 200 on /health with --tp 2: {ready_s:.1f} s (noisy; goal <= 15 s)")
     finally:
         proc.terminate()

@@ -10,7 +10,7 @@ from labkit.rng import Rng
 
 from ..refusals import assert_refused
 
-EXERCISES = [ex.ASYM_QUANTIZE, ex.PACK, ex.QUANTIZED_LINEAR]
+EXERCISES = [ex.ASYM_QUANTIZE, ex.PACK, ex.QUANTIZED_LINEAR, ex.FUSED_LOOP]
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.name)
@@ -87,6 +87,35 @@ def test_the_notebook_solutions_pass(capsys):
     assert out == ["[PASS] asym_quantize + asym_dequantize matches the reference on 1 fixed and 20 random cases.",
                    "[PASS] pack + unpack matches the reference on 3 fixed and 20 random cases.",
                    "[PASS] quantized_linear matches the reference on 2 fixed and 20 random cases."]
+
+
+def fused_matvec(x, w, swap_nibbles=False):
+    n_rows, half = w.packed.shape
+    y = torch.zeros(n_rows)
+    xs = x.tolist()
+    for n in range(n_rows):
+        acc = 0.0
+        for i in range(half):
+            byte = int(w.packed[n, i])
+            lo, hi = (byte >> 4, byte & 15) if swap_nibbles else (byte & 15, byte >> 4)
+            g = 2 * i // w.group_len
+            s, z = float(w.scale[n, g]), float(w.zero[n, g])
+            acc += (lo - 8 - z) * s * xs[2 * i] + (hi - 8 - z) * s * xs[2 * i + 1]
+        y[n] = acc
+    return y
+
+
+def test_the_fused_loop_solution_passes(capsys):
+    assert ex.FUSED_LOOP.check(fused_matvec) is fused_matvec
+    assert capsys.readouterr().out == "[PASS] fused_matvec matches the reference on 2 fixed and 20 random cases.\n"
+
+
+def test_swapped_nibbles_fail_on_the_first_case(capsys):
+    swapped = lambda x, w: fused_matvec(x, w, swap_nibbles=True)  # noqa: E731
+    assert ex.FUSED_LOOP.check(swapped) is ex.FUSED_LOOP.reference
+    out = capsys.readouterr().out
+    assert out.startswith("[FAIL] fused_matvec(tensor(shape [8], float32) [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], "
+                          "Int4Weight([1, 8], group_len=8, packed [1, 4] uint8, scale and zero [1, 1] float32)) "), out
 
 
 # --- deliberate mistakes and the [FAIL] line each one gets ------------------------------------------

@@ -155,3 +155,63 @@ def test_rows_and_measurements_of_the_wrong_kind_are_refused_by_name():
     assert_refused(lambda: fc.asymmetric_error({"x": {32: 0.5}}, {"a": 1}), TypeError, "fair['a']", 1, "a pair")
     assert_refused(lambda: fc.asymmetric_error({"x": {32: 0.5}}, {"a": (1.0, 0.0)}), ValueError, "fair['a'][1]", 0.0,
                    "a positive finite number")
+
+
+def density_by_hand(attention: int, mlp: int, head: int) -> tuple[float, float]:
+    """Bytes and tensor-core FLOP/s against FP16 of attention FP16 (16 bits), MLP INT4 g32 asym (4 + 32/32 = 5
+    bits) and the output layer INT8 g32 asym (9 bits), at A100's rates (INT8 2x, INT4 4x FP16)."""
+    total = attention + mlp + head
+    a, m, h = attention / total, mlp / total, head / total
+    return 16 / (16 * a + 5 * m + 9 * h), 1 / (a + m / 4 + h / 2)
+
+
+def test_compute_density_against_the_arithmetic_by_hand():
+    from labkit.specs import model
+    from labkit.tinylm import TinyLMConfig, param_counts
+    cfg = TinyLMConfig()
+    pc = param_counts(cfg)  # tied: the output layer is the embedding matrix
+    c = fc.compute_density(RESULTS, {"TinyLM": cfg, "Llama-2-7B": model("llama-2-7b")})
+    d = c.numbers["density"]
+    assert (d["TinyLM"]["bytes"], d["TinyLM"]["flops"]) == pytest.approx(
+        density_by_hand(pc["attention"], pc["mlp"], pc["embedding"]))
+    # Llama-2-7B (Touvron et al., 2023): 32 layers, d_model 4096, d_ff 11008, 32,000 tokens, untied output layer
+    llama = density_by_hand(32 * 4 * 4096 ** 2, 32 * 3 * 4096 * 11008, 32000 * 4096)
+    assert (d["Llama-2-7B"]["bytes"], d["Llama-2-7B"]["flops"]) == pytest.approx(llama)
+    assert d["Llama-2-7B"]["ceiling"] == pytest.approx((32 * 4 * 4096 ** 2 + 32 * 3 * 4096 * 11008 + 32000 * 4096)
+                                                       / (32 * 4 * 4096 ** 2))
+    assert c.numbers["fp16"] == 4.1 / 2 and c.numbers["decided"] == "reached" and c.numbers["tripled"] == []
+    # 3x in bytes needs 16 a + 5 (1 - a) <= 16 / 3; in FLOP/s a + (1 - a) / 4 <= 1 / 3
+    assert c.numbers["attention_max"] == pytest.approx(((16 / 3 - 5) / 11, (1 / 3 - 1 / 4) / (3 / 4)))
+    assert c.judgement.startswith("The density half does not hold: against FP16 the policy reaches at most "
+                                  f"{max(max(llama), *density_by_hand(pc['attention'], pc['mlp'], pc['embedding'])):.2f}x")
+    assert c.judgement.endswith("the accuracy half holds on TinyLM (the whole interval is above 99%).")
+    assert c.arithmetic[-1].startswith(f"accuracy: {fc.MIXED} retains 100.9% of FP32's right answers (95% interval "
+                                       "99.8%-102.0%) -> loss < 1% (retention >= 99%): reached")
+
+
+def test_compute_density_turns_with_the_model_and_the_interval():
+    from labkit.tinylm import TinyLMConfig
+    thin = TinyLMConfig(d_model=64, n_heads=1, n_kv_heads=1, d_ff=4096)  # attention about 2% of the matmuls
+    c = fc.compute_density(RESULTS, {"thin attention": thin})
+    assert c.numbers["tripled"] == ["thin attention"] and c.judgement.startswith('The density half holds for "thin')
+    wide = {**RESULTS, fc.MIXED: row(4.1, 3.58, 10, 10)}  # 1 +- 1.96 sqrt(20) / 450: 98.1%-101.9%
+    assert "the accuracy half this test set cannot decide (99% is inside the interval)" in \
+        fc.compute_density(wide, {"TinyLM": TinyLMConfig()}).judgement
+    lost = {**RESULTS, fc.MIXED: row(4.1, 3.6, 0, 30)}
+    assert "the accuracy half does not hold on TinyLM (the whole interval is below 99%)" in \
+        fc.compute_density(lost, {"TinyLM": TinyLMConfig()}).judgement
+
+
+def test_compute_density_refuses_bad_input():
+    from labkit.tinylm import TinyLMConfig
+    models = {"TinyLM": TinyLMConfig()}
+    assert_refused(lambda: fc.compute_density(RESULTS, {}), ValueError, "models", {}, "a non-empty dict")
+    assert_refused(lambda: fc.compute_density(RESULTS, [1]), TypeError, "models", [1], "a dict of name")
+    assert_refused(lambda: fc.compute_density(RESULTS, models, mixed="FP32"), ValueError, "mixed", "FP32",
+                   "a setting of labkit.quant.SETTINGS")
+    assert_refused(lambda: fc.compute_density(RESULTS, models, target=1.0), ValueError, "target", 1.0, "> 1")
+    assert_refused(lambda: fc.compute_density(RESULTS, models, loss=1.0), ValueError, "loss", 1.0, "in (0, 1)")
+    with pytest.raises(ValueError, match=r"results must be a sweep with the settings \['mixed"):
+        fc.compute_density({"FP32": RESULTS["FP32"]}, models)
+    with pytest.raises(TypeError, match="cfg must be a TinyLMConfig or a ModelSpec"):
+        fc.compute_density(RESULTS, {"x": 1})

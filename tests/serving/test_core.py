@@ -1,7 +1,7 @@
 """The engine core in its own process (Service(process=True), what `python -m labkit.serving` runs): the same
-outputs as the offline Engine, refusals at submit, /health naming the engine process, a killed engine process
-failing its requests in-band (never a hang), and no process left after stop. References: Engine.generate run
-here, and /proc for the processes."""
+outputs as the offline Engine, /health naming the engine process, a killed engine process failing its requests
+in-band (never a hang), and no process left after stop (refusals: test_service.py, both backends). References:
+Engine.generate run here, and /proc for the processes."""
 import asyncio
 import functools
 import os
@@ -12,14 +12,15 @@ import time
 import httpx
 import pytest
 
-from labkit.kv_cache import LargerThanPoolError
 from labkit.paths import TINYLM_CHECKPOINT
 from labkit.serving.api import ServerThread, make_app
 from labkit.serving.config import EngineConfig
 from labkit.serving.core import (AbortRequest, AddRequest, EngineCore, Outputs, Ready, Stop, checkpoint_engine)
 from labkit.serving.engine import Engine
+from labkit.serving.processor import TextProcessor
 from labkit.serving.sampling import SamplingParams
 from labkit.serving.service import Service, ServiceUnavailable
+from tests.processes import children, gone
 from tests.refusals import assert_refused
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,23 +31,6 @@ def run(coro, timeout: float = 60.0):
     async def bounded():
         return await asyncio.wait_for(coro, timeout)
     return asyncio.run(bounded())
-
-
-def gone(pid: int, timeout: float = 20.0) -> bool:
-    """Whether process `pid` ended (and was reaped) within `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not os.path.exists(f"/proc/{pid}")
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of `pid` (Linux /proc)."""
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(p) for p in f.read().split()]
-    return out
 
 
 def spawned(num_blocks: int = 64, tp: int = 1) -> Service:
@@ -106,22 +90,6 @@ def test_outputs_equal_the_offline_engine_and_health_names_the_process(service, 
                                                    "engine": {"pid": service.engine_pid, "alive": True}})
     finally:
         server.stop()
-
-
-def test_refusals_come_back_at_submit_as_the_engine_raised_them(model, tok):
-    svc = spawned(num_blocks=4)  # 64 token slots: less than the context
-    try:
-        with pytest.raises(ValueError, match="^prompt must be"):
-            run(svc.submit("", GREEDY))
-        with pytest.raises(ValueError, match="^max_tokens must be"):
-            run(svc.submit("12+7=", SamplingParams(max_tokens=255, temperature=0)))
-        with pytest.raises(LargerThanPoolError):
-            run(svc.submit("12+7=", SamplingParams(max_tokens=100, temperature=0)))
-        params = SamplingParams(max_tokens=4, temperature=0)
-        assert run(texts(svc, ["12+7="], params))[0].text == tok.decode(offline(model, [tok.encode("12+7=")],
-                                                                                  params)[0])
-    finally:
-        svc.stop()
 
 
 def test_abort_frees_the_blocks_in_the_engine_process(service, prompts):
@@ -218,3 +186,34 @@ def test_what_cannot_go_to_a_process_is_refused(model):
     load = functools.partial(checkpoint_engine, TINYLM_CHECKPOINT, 1, EngineConfig())
     assert_refused(lambda: Service(load, close=print, process=True), TypeError, "close", print, "None")
     assert_refused(lambda: Service(load, process=1), TypeError, "process", 1, "a bool")
+    assert_refused(lambda: Service(load, load_processor=print), TypeError, "load_processor", print, "process=True")
+    assert_refused(lambda: Service(load, process=True, load_processor=7), TypeError, "load_processor", 7, "callable")
+
+
+def test_a_processor_loads_once_the_engine_process_is_ready_and_its_failure_is_a_state(tok):
+    """load_processor (lab 07's vision encoder) runs in this process after the engine said Ready, while the
+    service still says loading; its processor and tokenizer then serve; a loader that raises fails the service
+    naming why and ends the engine process."""
+    seen = []
+
+    def load_processor():
+        seen.append(svc.state)
+        return TextProcessor(tok), tok
+    load = functools.partial(checkpoint_engine, TINYLM_CHECKPOINT, 1, EngineConfig(num_blocks=16), 1)
+    svc = Service(load, process=True, load_processor=load_processor).start()
+    try:
+        assert svc.wait_ready(90), svc.error
+        assert seen == ["loading"] and svc.tokenizer is tok and isinstance(svc.processor, TextProcessor)
+        assert run(texts(svc, ["12+7="], SamplingParams(max_tokens=2, temperature=0)))[0].num_tokens == 2
+    finally:
+        svc.stop()
+
+    def broken():
+        raise ValueError("no vision tower in this folder")
+    svc = Service(load, process=True, load_processor=broken).start()
+    try:
+        assert not svc.wait_ready(90) and svc.state == "failed"
+        assert svc.error == "loading the processor failed: ValueError: no vision tower in this folder"
+        assert gone(svc.engine_pid)
+    finally:
+        svc.stop()

@@ -110,7 +110,7 @@ def test_options_reach_the_engine():
 def test_a_release_s_model_type_picks_its_loader(tmp_path, capsys):
     """MODEL_TYPES maps config.json's model_type to "module:function", imported only then (vLLM's lazy
     ModelRegistry); an unknown type, a config that is not JSON, and a folder without one exit 2 saying why."""
-    assert model_loader("tinyvlm").__module__ == "labkit.day0.serve" and set(MODEL_TYPES) == {"tinyvlm"}
+    assert model_loader("tinyvlm").__name__ == "labkit.day0.serve" and set(MODEL_TYPES) == {"tinyvlm"}
     assert_refused(lambda: model_loader("llama"), ValueError, "model_type", "llama", "one of ['tinyvlm']")
     for config, expected in [({"model_type": "gpt2"}, "model_type must be one of"),
                              ({}, "model_type must be one of"), ("{", "Expecting"), ([1], "expected an object")]:

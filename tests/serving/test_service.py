@@ -1,6 +1,7 @@
 """The service: one engine thread, asyncio streams, text with stop strings, loading states, aborts. Reference:
 the offline Engine (Engine.generate), and for stop strings the brute force of test_detokenize."""
 import asyncio
+import functools
 import json
 import threading
 import time
@@ -10,6 +11,9 @@ import pytest
 import torch
 
 from labkit.kv_cache import LargerThanPoolError
+from labkit.paths import TINYLM_CHECKPOINT
+from labkit.serving.config import EngineConfig
+from labkit.serving.core import checkpoint_engine
 from labkit.serving.engine import Engine
 from labkit.serving.mm import MultiModalInput
 from labkit.serving.processor import Prompt, TextProcessor
@@ -115,10 +119,18 @@ def test_abort_frees_the_requests_blocks(service, prompts):
     assert (service.stats()["running"], service.stats()["kv_blocks_used"]) == (0, 0)
 
 
-def test_refusals_come_back_at_submit_and_the_service_keeps_serving(model, tok):
-    svc = Service(lambda: Engine(model, num_blocks=4)).start()  # 64 token slots: less than the context
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("process", [False, True], ids=["engine thread", "engine process"])
+def test_refusals_come_back_at_submit_and_the_service_keeps_serving(model, tok, process):
+    """The engine's refusals, raised as it raised them (type and message), by either backend (the process's
+    come back pickled in Outputs)."""
+    if process:
+        load = functools.partial(checkpoint_engine, TINYLM_CHECKPOINT, 1, EngineConfig(num_blocks=4), 1)
+    else:
+        load = lambda: Engine(model, num_blocks=4)  # noqa: E731
+    svc = Service(load, process=process).start()  # 64 token slots: less than the context
     try:
-        assert svc.wait_ready(60)
+        assert svc.wait_ready(90), svc.error
         with pytest.raises(ValueError, match="^prompt must be"):
             run(svc.submit("", GREEDY))
         with pytest.raises(ValueError, match="^max_tokens must be"):

@@ -153,3 +153,18 @@ def test_transfer_share_wants_curves_and_a_steady_row():
     assert_refused(lambda: fc.transfer_share({}, [], STEADY), ValueError, "stream", {}, "at least one")
     with pytest.raises(ValueError, match="steady"):
         fc.transfer_share({"x": curve([0.4])}, curve([0.0]), {"time_s": 1.0})
+
+
+def test_the_40_percent_implies_a_baseline_and_the_verdict_counts_the_settings_above_it():
+    busy = {"one at a time": 0.01, "batched": 0.70, "prefetch": 0.80}
+    check = fc.improvement(busy, L, B)
+    base = 0.92 / 1.4
+    assert check.numbers["baselines"] == pytest.approx({"relative": base, "points": 0.52})
+    assert check.numbers["bytes_needed"][base] == pytest.approx(L * B * base / (1 - base))
+    assert check.numbers["above"] == ["batched", "prefetch"] and check.numbers["best"] == "prefetch"
+    assert "(2 of 3 settings), and none reaches 92%" in check.judgement
+    reached = fc.improvement({**busy, "bulk": 0.95}, L, B)
+    assert "'bulk' reaches 92%" in reached.judgement
+    assert "no setting reaches even the baseline" in fc.improvement({"x": 0.5}, L, B).judgement
+    assert_refused(lambda: fc.improvement({}, L, B), ValueError, "busy", {}, "at least one")
+    assert_refused(lambda: fc.improvement(busy, L, B, gain=2.0), ValueError, "gain", 2.0, "less than")

@@ -1,0 +1,102 @@
+"""Fine-tuning TinyLM on a task it cannot do yet (notebook 09, section 3): batches of task lines with the loss on
+the answer only, a short training loop for any method (full, LoRA, QLoRA), and the before/after table:
+held-out accuracy on the new task and on TinyLM's own tasks (forgetting)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .._checks import check_choice, check_number, check_positive_int, fail
+from ..tinylm import TASK_KINDS, ByteTokenizer, Task, check_tinylm, corpus, make_tasks, task_accuracy
+from .lora import BASE_DTYPES, add_lora, trainable_params
+from .memory import lm_loss
+
+METHODS = {"full": None, "lora": "fp32", "lora-bf16": "bf16", "qlora": "nf4", "qlora-int4": "int4"}
+"""Method name -> the frozen base's dtype (None: every parameter trains)."""
+
+
+def task_batch(tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [B, T] (prompt + answer + "\\n", right-padded with "\\n") and mask [B, T - 1]: True where the
+    target token is part of the answer (its "\\n" included): the loss is taken there only."""
+    if not isinstance(tasks, (list, tuple)) or not tasks or not all(isinstance(t, Task) for t in tasks):
+        fail("tasks", tasks, "a non-empty list of labkit.tinylm.Task")
+    tok = ByteTokenizer()
+    seqs = [(tok.encode(t.prompt), tok.encode(t.answer + "\n")) for t in tasks]
+    T = max(len(p) + len(a) for p, a in seqs)
+    tokens = torch.full((len(tasks), T), 10, dtype=torch.long)
+    mask = torch.zeros(len(tasks), T - 1, dtype=torch.bool)
+    for i, (p, a) in enumerate(seqs):
+        tokens[i, :len(p) + len(a)] = torch.tensor(p + a)
+        mask[i, len(p) - 1:len(p) - 1 + len(a)] = True  # position j predicts token j + 1
+    return tokens, mask
+
+
+def make_model(base, method: str, rank: int = 8, alpha: float = 16.0, targets=("attention", "mlp")):
+    """A copy of `base` ready for `method` (a key of METHODS): all parameters trainable for "full", adapters of
+    `rank` on `targets` over a frozen base of the method's dtype otherwise."""
+    import copy
+    check_tinylm(base)
+    check_choice("method", method, tuple(METHODS))
+    model = copy.deepcopy(base)
+    if METHODS[method] is None:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    return add_lora(model, rank, alpha, targets, METHODS[method])
+
+
+@dataclass
+class FinetuneRun:
+    """What fine_tune did: the method, trainable parameters, steps, seconds, the loss at every step."""
+    method: str
+    trainable: int
+    steps: int
+    seconds: float
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds / max(self.steps, 1)
+
+
+def fine_tune(model, tasks: list[Task], steps: int = 60, batch_size: int = 32, lr: float = 3e-3,
+              seed: int = 0, method: str = "") -> FinetuneRun:
+    """AdamW on the answers of `tasks` (batches of `batch_size` drawn in a fixed order from `seed`) for `steps`
+    steps, training the parameters that require a gradient. Returns a FinetuneRun."""
+    check_tinylm(model)
+    check_positive_int("steps", steps)
+    check_positive_int("batch_size", batch_size)
+    check_number("lr", lr, low=0.0, low_open=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        fail("model", type(model).__name__, "a model with trainable parameters (add_lora or full fine-tuning)")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    run = FinetuneRun(method, trainable_params(model), steps, 0.0)
+    model.train()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        idx = torch.randint(0, len(tasks), (batch_size,), generator=g).tolist()
+        tokens, mask = task_batch([tasks[i] for i in idx])
+        loss = lm_loss(model, tokens, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        run.losses.append(float(loss.detach()))
+    run.seconds = time.perf_counter() - t0
+    model.eval()
+    return run
+
+
+def evaluate(model, new_kind: str = "first", n: int = 200, n_old: int = 100, seed: int = 0) -> dict[str, float]:
+    """Accuracy (0..1) on `n` held-out (test split) tasks of the new kind and on `n_old` of each of TinyLM's own
+    task kinds (their test split: forgetting shows there)."""
+    check_tinylm(model)
+    tasks = corpus.make_new_tasks(new_kind, n, "test", seed) + [t for k in TASK_KINDS for t in make_tasks(k, n_old, "test", seed)]
+    return task_accuracy(model, tasks)
+
+
+__all__ = ["BASE_DTYPES", "METHODS", "task_batch", "make_model", "FinetuneRun", "fine_tune", "evaluate"]

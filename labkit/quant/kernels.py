@@ -1,0 +1,267 @@
+"""A ladder of INT4 batch-1 matrix-vector kernels over lab 03's own format, from naive to the memory roof
+(notebook 03, section 8; benchmarks/int4_matmul.py). Every rung has one signature, rung(x, w) -> y:
+
+    x   float32 [K] or [M, K] (M = 1 is the decode step; more rows are M products, one after another)
+    w   a QTensor [N, K] (4 bits, integer or "channel"/"tensor" groups of even length), or the Int4Weight
+        that pack_weight(q) prepares once (pass that when timing: a QTensor is packed on every call)
+    y   float32 [N] or [M, N] = x @ w_hat.T
+
+    1 dequantize   unpack and dequantize the whole matrix into a fresh FP32 copy, then one FP32 matmul:
+                   writes and reads 8x the packed bytes (why nobody ships it)
+    2 reference    QuantLinear's tiled reference path: dequantize 256 columns at a time in torch ops
+                   (no full copy, but each tile is still written to memory and read back)
+    3 fused        one compiled loop: unpack a byte's two codes, dequantize, multiply, accumulate in a
+                   register; the weights are read once, no Python between them
+    4 blocked      the loop of 3 spread over threads by tasks of output rows (prange); per group the sums
+                   of nibble * x (low and high nibbles apart, each in its own SIMD register), then the scale
+                   and zero point applied once: fewer float operations per weight
+    5 integer      activations quantized to int8 per block of 32 (llama.cpp's Q8_0), int4 x int8 products
+                   summed in integers, one float multiply per block; approximate (x is rounded)
+
+RUNGS lists them in order (name -> function). The loops are in kernels_jit.py. with_rung(model, name) runs
+every QuantLinear of a quantized TinyLM through one rung (notebook 03 measures rung 5's error that way).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .._checks import check_int, check_type, fail
+from .linear import QuantLinear
+from .packing import pack_int4, unpack_int4
+from .qtensor import QTensor, check_has_data
+from .threads import torch_threads
+from . import kernels_jit as jit
+
+ROWS_PER_TASK = 16  # output rows per parallel task of rungs 4 and 5
+X_BLOCK = 32  # activation block of rung 5 (llama.cpp's Q8_0 block)
+
+
+@dataclass(frozen=True, eq=False)
+class Int4Weight:
+    """A 4-bit QTensor laid out for the kernels (pack_weight): codes packed two per byte row by row,
+    uint8 [N, K/2] ("adjacent": byte i = n[2i] | n[2i+1] << 4, n = code + 8); scale and zero point per
+    group, float32 [N, G] (a symmetric weight has zero 0; "tensor" groups are repeated per row); the
+    reference layer of rung 2. `qtensor`: the weight it came from."""
+    qtensor: QTensor
+    packed: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    group_len: int
+    reference: QuantLinear
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qtensor.shape
+
+    def __repr__(self) -> str:
+        """Shapes and dtypes, never the values (a [FAIL] line shows it)."""
+        (n, k), g = self.shape, self.scale.shape[1]
+        return (f"Int4Weight([{n}, {k}], group_len={self.group_len}, packed [{n}, {k // 2}] uint8, "
+                f"scale and zero [{n}, {g}] float32)")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the fused rungs read per product: packed codes + float32 scales and zero points."""
+        return self.packed.nbytes + self.scale.nbytes + self.zero.nbytes
+
+
+def pack_weight(q: QTensor) -> Int4Weight:
+    """Lay a 4-bit QTensor out for the kernels (see Int4Weight). ValueError for other bits or an odd group
+    length (a group would end in the middle of a byte)."""
+    check_type("q", q, QTensor, "a labkit.quant.QTensor")
+    n, k = q.shape
+    if q.bits != 4:
+        fail("q", q, "a 4-bit QTensor (q.bits == 4)")
+    group_len = k if q.group_size in ("channel", "tensor") else q.group_len
+    if group_len % 2:
+        fail("q", q, f"groups of an even number of inputs (group length {group_len}; two codes share a byte)")
+    packed = pack_int4(q.codes).reshape(n, k // 2).numpy()
+    scale = q.scale.float().expand(n, -1).contiguous()
+    zero = torch.zeros_like(scale) if q.zero is None else q.zero.float().expand(n, -1).contiguous()
+    return Int4Weight(q, packed, scale.numpy(), zero.numpy(), group_len, QuantLinear(q, backend="reference"))
+
+
+def _weight(w) -> Int4Weight:
+    if isinstance(w, Int4Weight):
+        return w
+    check_type("w", w, (QTensor, Int4Weight), "a labkit.quant.QTensor or an Int4Weight (pack_weight)")
+    return pack_weight(w)
+
+
+def _input(x, w: Int4Weight) -> torch.Tensor:
+    """x as float32 [M, K] (a 1-D x is one row)."""
+    check_type("x", x, torch.Tensor, "a float32 torch.Tensor [K] or [M, K]")
+    if x.dtype != torch.float32:
+        fail("x", x.dtype, "a float32 tensor (cast with .float())", TypeError)
+    check_has_data("x", x)
+    k = w.shape[1]
+    if x.dim() not in (1, 2) or x.shape[-1] != k or x.numel() == 0:
+        fail("x", tuple(x.shape), f"a shape [{k}] or [M, {k}] (M >= 1) to multiply a weight [{w.shape[0]}, {k}]")
+    if not torch.isfinite(x).all():
+        fail("x", "a NaN or inf", "finite values")
+    return x.reshape(-1, k).contiguous()
+
+
+def _ladder_rung(body: Callable[[torch.Tensor, Int4Weight], torch.Tensor]):
+    """Give `body(x [M, K], w) -> y [M, N]` the rungs' signature: checks, 1-D in -> 1-D out."""
+    def rung(x: torch.Tensor, w) -> torch.Tensor:
+        w = _weight(w)
+        x2 = _input(x, w)
+        y = body(x2, w)
+        return y.reshape(-1) if x.dim() == 1 else y
+    rung.__name__ = rung.__qualname__ = body.__name__
+    rung.__doc__ = body.__doc__
+    rung.body = body
+    return rung
+
+
+def _split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [M, K] -> (x[:, 0::2], x[:, 1::2]), each contiguous [M, K/2]."""
+    return np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
+
+
+@_ladder_rung
+def dequantize_then_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Rung 1: unpack and dequantize the whole [N, K] matrix to FP32, then x @ w_hat.T."""
+    n, k = w.shape
+    codes = unpack_int4(torch.from_numpy(w.packed).reshape(-1), n * k).reshape(n, -1, w.group_len)  # [N, G, g]
+    w_hat = (codes.float() - torch.from_numpy(w.zero)[..., None]) * torch.from_numpy(w.scale)[..., None]
+    return x @ w_hat.reshape(n, k).T
+
+
+@_ladder_rung
+def reference_tiles(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Rung 2: QuantLinear's reference path (tiles of 256 columns dequantized in torch ops)."""
+    return w.reference.forward_reference(x)
+
+
+@_ladder_rung
+def fused(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Rung 3: one pass over the packed weights, unpack + dequantize + multiply-accumulate (kernels_jit.fused)."""
+    x_even, x_odd = _split(x.numpy())
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    jit.fused(x_even, x_odd, w.packed, w.scale, w.zero, y)
+    return torch.from_numpy(y)
+
+
+@_ladder_rung
+def blocked(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Rung 4: rows split over the threads, scale and zero applied once per group (kernels_jit.blocked).
+    Thread count: numba's (set it with threads(n))."""
+    x_np = x.numpy()
+    x_even, x_odd = _split(x_np)
+    x_sums = x_np.reshape(x_np.shape[0], -1, w.group_len).sum(-1, dtype=np.float32)  # [M, G]
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    jit.blocked(x_even, x_odd, x_sums, w.packed, w.scale, w.zero, ROWS_PER_TASK, y)
+    return torch.from_numpy(y)
+
+
+def x_block(group_len: int) -> int:
+    """Rung 5's activation block: 32 inputs when that divides the group, else the largest even divisor of
+    32 that does (so that every block lies in one weight group)."""
+    check_int("group_len", group_len, 2)
+    return math.gcd(group_len, X_BLOCK)
+
+
+def quantize_activations(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0-style int8 activations: x [M, K] in blocks of `block` -> (codes int8 [M, K], scale float32
+    [M, K / block]) with scale = max|x| / 127 over the block (1 for an all-zero block) and codes =
+    round(x / scale), so that x ~ codes * scale."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // block, block)  # [M, B, block]
+    amax = blocks.abs().amax(-1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    codes = torch.round(blocks / scale[..., None]).clamp_(-127, 127).to(torch.int8)
+    return codes.reshape(m, k), scale
+
+
+@_ladder_rung
+def integer_dot(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Rung 5: x quantized to int8 per block, int4 x int8 sums in integers, scaled once per block
+    (kernels_jit.integer). Approximate: x's rounding adds a relative error of about 1/254 per block."""
+    xq, x_scale = quantize_activations(x, x_block(w.group_len))
+    xq_np = xq.numpy()
+    xq_even, xq_odd = _split(xq_np)
+    xq_sums = xq_np.reshape(xq_np.shape[0], x_scale.shape[1], -1).sum(-1, dtype=np.int32).astype(np.float32)  # [M, B]
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    jit.integer(xq_even, xq_odd, x_scale.numpy(), xq_sums, w.packed, w.scale, w.zero, ROWS_PER_TASK, y)
+    return torch.from_numpy(y)
+
+
+RUNGS: dict[str, Callable[[torch.Tensor, object], torch.Tensor]] = {
+    "1 dequantize, then FP32 matmul": dequantize_then_matmul,
+    "2 tiled reference path": reference_tiles,
+    "3 fused loop (numba)": fused,
+    "4 blocked, threads (numba)": blocked,
+    "5 int8 x int4 (numba)": integer_dot,
+}
+EXACT = tuple(RUNGS)[:4]  # equal to the reference within float rounding; rung 5 rounds x to int8
+
+
+class threads:
+    """with threads(n): torch and the compiled loops both use n threads; both counts are restored on exit,
+    also after an error. n=None leaves them as they are."""
+
+    def __init__(self, n: int | None):
+        if n is not None:
+            check_int("n", n, 1, jit.max_threads())
+        self.n = n
+
+    def __enter__(self) -> int:
+        self._torch = torch_threads(self.n)
+        self._numba = jit.numba_threads(self.n, "n")
+        self._torch.__enter__()
+        try:
+            return self._numba.__enter__()
+        except BaseException:
+            self._torch.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._numba.__exit__(*exc)
+        finally:
+            self._torch.__exit__(*exc)
+
+
+class KernelLinear(nn.Module):
+    """A QuantLinear's weight (and bias) multiplied by one rung: x [..., K] -> [..., N] (any leading dims,
+    flattened into the rung's M rows)."""
+
+    def __init__(self, layer: QuantLinear, rung: str):
+        super().__init__()
+        check_type("layer", layer, QuantLinear, "a labkit.quant.QuantLinear")
+        if rung not in RUNGS:
+            fail("rung", rung, f"one of {list(RUNGS)}")
+        self.weight, self.rung, self.bias = pack_weight(layer.qweight), rung, layer.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, k = self.weight.shape
+        y = RUNGS[self.rung](x.reshape(-1, k), self.weight).reshape(*x.shape[:-1], n)  # [M, N] -> [..., N]
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[1]} -> {self.weight.shape[0]}, rung {self.rung!r}"
+
+
+def with_rung(model: nn.Module, rung: str) -> nn.Module:
+    """A copy of `model` whose every QuantLinear (4 bits) computes through RUNGS[rung] (a KernelLinear);
+    the model itself is left as it is. ValueError when it holds no 4-bit QuantLinear."""
+    check_type("model", model, nn.Module, "a torch.nn.Module")
+    if rung not in RUNGS:
+        fail("rung", rung, f"one of {list(RUNGS)}")
+    out = copy.deepcopy(model)
+    names = [name for name, m in out.named_modules() if isinstance(m, QuantLinear) and m.bits == 4]
+    if not names:
+        fail("model", type(model).__name__, "a model with 4-bit QuantLinear layers (labkit.quant.quantize_model)")
+    for name in names:
+        out.set_submodule(name, KernelLinear(out.get_submodule(name), rung))
+    return out

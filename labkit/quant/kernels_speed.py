@@ -1,0 +1,148 @@
+"""The INT4 GEMV ladder timed by lab 03's method (notebook 03, section 8; benchmarks/int4_matmul.py).
+
+    weights  `matrices` distinct [n, k] INT4 matrices (asymmetric, groups of `group_size`; seeded N(0, 0.02^2)),
+             each case stepping to the next one on every call, so that the weights come from memory
+    cases    each rung of labkit.quant.kernels.RUNGS and torch's INT4 kernel (QuantLinear's int4pack path,
+             BF16 activations), each on every thread count in `threads`; the roof of each count: torch's
+             a.sum() over speed.ROOF_BYTES (labkit.quant.speed's roof kernel)
+    timing   labkit.course.interleave, in two groups: the slow rungs 1-2 (`slow_repeats` rounds) and the
+             rest with the roofs (`repeats` rounds), every case of a group in turns; medians per product
+
+Bytes: what a product reads of its weight as it is stored (Int4Weight.nbytes: packed codes and float32
+scales and zero points; torch's kernel: its packed codes and BF16 scales and zeros). Rung 1 also writes and
+reads back an FP32 copy 8x larger: its "GB/s" counts only the stored weight, like every other row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+import torch
+
+from .._checks import check_positive_int, check_type, fail
+from ..course import Timing, interleave
+from ..memory_wall import verdicts as wall
+from . import kernels
+from .qtensor import quantize
+from .speed import ROOF_BYTES, int4_weight_bytes
+
+TORCH = "torch int4pack (BF16 x)"
+ROOF = "roof (torch sum)"
+SLOW = tuple(kernels.RUNGS)[:2]
+FAST = tuple(kernels.RUNGS)[2:]
+
+
+def case(name: str, threads: int) -> str:
+    """The key of `name` on `threads` threads in LadderRun.timings."""
+    return f"{name} @{threads}"
+
+
+@dataclass(frozen=True)
+class LadderRun:
+    """One run of measure_ladder: timings {case(name, threads): Timing of one product (or one roof sum)},
+    weight_bytes {name: bytes one product reads}, the shape and the thread counts."""
+    timings: Mapping[str, Timing]
+    weight_bytes: Mapping[str, int]
+    n: int
+    k: int
+    threads: tuple[int, ...]
+    roof_bytes: int = ROOF_BYTES
+
+    def __post_init__(self):
+        names = list(kernels.RUNGS) + [TORCH]
+        wanted = {case(c, t) for c in names + [ROOF] for t in self.threads}
+        if set(self.timings) != wanted:
+            fail("timings", sorted(self.timings), f"a Timing for each of {sorted(wanted)}")
+        if set(self.weight_bytes) != set(names):
+            fail("weight_bytes", sorted(self.weight_bytes), f"bytes for each of {names}")
+        object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
+        object.__setattr__(self, "weight_bytes", MappingProxyType(dict(self.weight_bytes)))
+
+    def seconds(self, name: str, threads: int) -> float:
+        return self.timings[case(name, threads)].median
+
+    def bytes_per_s(self, name: str, threads: int) -> float:
+        """Weight bytes read per second (the roof: the sum's read rate)."""
+        nbytes = self.roof_bytes if name == ROOF else self.weight_bytes[name]
+        return nbytes / self.seconds(name, threads)
+
+    def roof_share(self, name: str, threads: int) -> float:
+        return self.bytes_per_s(name, threads) / self.bytes_per_s(ROOF, threads)
+
+    def flops_per_s(self, name: str, threads: int) -> float:
+        return 2 * self.n * self.k / self.seconds(name, threads)
+
+    def best(self, threads: int) -> str:
+        """The fastest exact-or-not rung on `threads` threads."""
+        return min(kernels.RUNGS, key=lambda r: self.seconds(r, threads))
+
+    def lines(self) -> list[str]:
+        """One line per case and thread count: ms, GFLOP/s, GB/s of weights, share of that count's roof."""
+        out = []
+        for t in self.threads:
+            out.append(f"{ROOF + ' @' + str(t):<38} {self.bytes_per_s(ROOF, t) / 1e9:6.1f} GB/s "
+                       f"(spread {self.timings[case(ROOF, t)].spread:.0%})")
+            for name in list(kernels.RUNGS) + [TORCH]:
+                out.append(f"{name + ' @' + str(t):<38} {self.seconds(name, t) * 1e3:8.2f} ms "
+                           f"{self.flops_per_s(name, t) / 1e9:6.1f} GFLOP/s {self.bytes_per_s(name, t) / 1e9:6.1f} "
+                           f"GB/s {self.roof_share(name, t):5.0%} of roof "
+                           f"(spread {self.timings[case(name, t)].spread:.0%})")
+        return out
+
+    def verdicts(self, threads: int) -> dict[str, wall.Verdict]:
+        """{"vs torch": the best rung against torch's kernel, "roof": the best rung against the roof}, on
+        `threads` threads, by labkit.memory_wall.verdicts' rules."""
+        best = self.best(threads)
+        pair = {f"rung {best} @{threads}": self.timings[case(best, threads)],
+                f"{TORCH} @{threads}": self.timings[case(TORCH, threads)]}
+        return {"vs torch": wall.speedup(pair, *pair),
+                "roof": wall.against_roof(f"rung {best} @{threads}", self.weight_bytes[best],
+                                          self.timings[case(best, threads)], f"the sum @{threads}",
+                                          self.roof_bytes, self.timings[case(ROOF, threads)])}
+
+
+def _cycled(fn: Callable, args: list, threads: int) -> Callable[[], object]:
+    """A call of fn on the next of `args` (cycled), on `threads` threads."""
+    state = {"i": 0}
+
+    def run():
+        a = args[state["i"] % len(args)]
+        state["i"] += 1
+        with kernels.threads(threads):
+            fn(*a)
+    return run
+
+
+def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int = 15, slow_repeats: int = 3,
+                   threads: tuple[int, ...] = (1, 2), group_size: int = 32, roof_bytes: int = ROOF_BYTES,
+                   rungs: tuple[str, ...] | None = None) -> LadderRun:
+    """Time the ladder as the module docstring says. `rungs`: the names to time (default all); the others
+    get no timing and the run then raises, so pass all of them unless you build the table yourself."""
+    for name, v in (("n", n), ("k", k), ("matrices", matrices), ("repeats", repeats),
+                    ("slow_repeats", slow_repeats), ("group_size", group_size), ("roof_bytes", roof_bytes)):
+        check_positive_int(name, v)
+    check_type("threads", threads, tuple, "a tuple of thread counts")
+    for t in threads:
+        kernels.threads(t)  # refuses counts this machine cannot run
+    gen = torch.Generator().manual_seed(0)
+    qs = [quantize(torch.randn(n, k, generator=gen) * 0.02, 4, "asym", group_size) for _ in range(matrices)]
+    x = torch.randn(1, k, generator=gen)
+    weights = [kernels.pack_weight(q) for q in qs]
+    layers = [w.reference for w in weights]  # rung 2's QuantLinear also holds torch's packed copy
+    if layers[0].int4pack is None:
+        raise RuntimeError("torch's INT4 kernel is not available for this shape or torch build")
+    roof = torch.ones(roof_bytes // 4)
+    slow, fast = {}, {}
+    for t in threads:
+        for name in SLOW:
+            slow[case(name, t)] = _cycled(kernels.RUNGS[name], [(x, w) for w in weights], t)
+        for name in FAST:
+            fast[case(name, t)] = _cycled(kernels.RUNGS[name], [(x, w) for w in weights], t)
+        fast[case(TORCH, t)] = _cycled(lambda m: m.forward_int4pack(x), [(m,) for m in layers], t)
+        fast[case(ROOF, t)] = _cycled(lambda r: r.sum(), [(roof,)], t)
+    timings = {**interleave(slow, repeats=slow_repeats, warmup=1), **interleave(fast, repeats=repeats, warmup=2)}
+    nbytes = {name: weights[0].nbytes for name in kernels.RUNGS}
+    nbytes[TORCH] = int4_weight_bytes(layers[0])
+    return LadderRun(timings, nbytes, n, k, tuple(threads), roof.nbytes)

@@ -1,0 +1,43 @@
+"""The new task and the fine-tuning loop: answers are right, the splits never share a word, batches mask exactly
+the answer, a few steps of LoRA lower the loss on a small model, and bad input is refused."""
+import torch
+
+from labkit.finetune import train
+from labkit.tinylm import ByteTokenizer, TinyLM, TinyLMConfig, corpus
+from tests.refusals import assert_refused
+
+
+def test_first_tasks_are_right_and_the_splits_are_disjoint():
+    words = {}
+    for split in corpus.SPLITS:
+        tasks = corpus.make_new_tasks("first", 300, split, seed=3)
+        for t in tasks:
+            word = t.prompt.removeprefix("first ").removesuffix(" -> ")
+            assert t.kind == "first" and t.answer == word[0] and 3 <= len(word) <= 10 and word.isalpha()
+            assert corpus.word_split(word) == split
+        words[split] = {t.prompt for t in tasks}
+    assert not (words["train"] & words["test"]) and not (words["train"] & words["val"])
+    assert corpus.make_new_tasks("first", 5) == corpus.make_new_tasks("first", 5)
+    assert_refused(lambda: corpus.make_new_tasks("upper", 5), ValueError, "kind", "upper", "one of")
+
+
+def test_task_batch_masks_the_answer_and_its_newline():
+    tasks = corpus.make_new_tasks("first", 4, "train")
+    tokens, mask = train.task_batch(tasks)
+    tok = ByteTokenizer()
+    for i, t in enumerate(tasks):
+        targets = tokens[i, 1:][mask[i]].tolist()
+        assert tok.decode(targets) == t.answer + "\n"
+
+
+def test_a_few_lora_steps_lower_the_loss_and_full_trains_everything():
+    torch.manual_seed(0)
+    model = TinyLM(TinyLMConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=32))
+    tasks = corpus.make_new_tasks("first", 64, "train")
+    lora = train.make_model(model, "lora", rank=4)
+    run = train.fine_tune(lora, tasks, steps=15, batch_size=8, lr=1e-2)
+    assert run.losses[-1] < run.losses[0] and run.trainable < sum(p.numel() for p in model.parameters()) // 3
+    full = train.make_model(model, "full")
+    assert train.fine_tune(full, tasks, steps=1, batch_size=2).trainable == sum(p.numel() for p in model.parameters())
+    assert_refused(lambda: train.make_model(model, "dora"), ValueError, "method", "dora", "one of")
+    assert_refused(lambda: train.fine_tune(lora, tasks, steps=0), ValueError, "steps", 0, "positive")

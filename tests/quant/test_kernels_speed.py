@@ -1,0 +1,53 @@
+"""The ladder's timing (labkit.quant.kernels_speed): every rung, torch's kernel and the roof on each thread
+count, the figures derived from the medians as their definitions say, the verdicts drawn by lab 01's rules
+(never a wall-clock assertion), and refusals."""
+import pytest
+
+from labkit.course import Timing
+from labkit.quant import kernels
+from labkit.quant import kernels_speed as ks
+from labkit.quant.kernels_jit import max_threads
+
+
+def test_a_small_run_has_every_case_and_consistent_figures():
+    run = ks.measure_ladder(32, 64, matrices=2, repeats=2, slow_repeats=1, threads=(1,), roof_bytes=4096)
+    names = list(kernels.RUNGS) + [ks.TORCH, ks.ROOF]
+    assert set(run.timings) == {ks.case(n, 1) for n in names}
+    assert all(len(run.timings[ks.case(n, 1)].times) == (1 if n in ks.SLOW else 2) for n in names)
+    w_bytes = 32 * 64 // 2 + 2 * 4 * 32 * 2  # packed codes + float32 scale and zero per group of 32
+    assert run.weight_bytes["3 fused loop (numba)"] == w_bytes
+    name = "4 blocked, threads (numba)"
+    assert run.bytes_per_s(name, 1) == pytest.approx(w_bytes / run.seconds(name, 1))
+    assert run.flops_per_s(name, 1) == pytest.approx(2 * 32 * 64 / run.seconds(name, 1))
+    assert run.roof_share(name, 1) == pytest.approx(run.bytes_per_s(name, 1) / (4096 / run.seconds(ks.ROOF, 1)))
+    assert run.best(1) == min(kernels.RUNGS, key=lambda r: run.seconds(r, 1))
+    assert len(run.lines()) == 1 + len(kernels.RUNGS) + 1
+    assert set(run.verdicts(1)) == {"vs torch", "roof"}
+
+
+def fake(times=(1e-3, 1.05e-3, 1.1e-3, 1.15e-3, 1.2e-3)):
+    names = list(kernels.RUNGS) + [ks.TORCH, ks.ROOF]
+    timings = {ks.case(n, 1): Timing(times) for n in names}
+    timings[ks.case(ks.TORCH, 1)] = Timing(tuple(3 * t for t in times))
+    return timings, {n: 1000 for n in names[:-1]}
+
+
+def test_the_best_rung_is_judged_against_torch():
+    timings, nbytes = fake()
+    timings[ks.case("4 blocked, threads (numba)", 1)] = Timing((0.5e-3, 0.525e-3, 0.55e-3, 0.575e-3, 0.6e-3))
+    run = ks.LadderRun(timings, nbytes, 32, 64, (1,), 4096)
+    assert run.best(1) == "4 blocked, threads (numba)"
+    v = run.verdicts(1)["vs torch"]
+    assert v.reliable and v.ratio == pytest.approx(3.3e-3 / 0.55e-3)
+
+
+def test_refusals():
+    timings, nbytes = fake()
+    with pytest.raises(ValueError, match="timings must be"):
+        ks.LadderRun({k: v for k, v in list(timings.items())[1:]}, nbytes, 32, 64, (1,))
+    with pytest.raises(ValueError, match="weight_bytes must be"):
+        ks.LadderRun(timings, {}, 32, 64, (1,))
+    with pytest.raises(ValueError, match="n must be"):
+        ks.measure_ladder(0, 64)
+    with pytest.raises(ValueError, match="n must be an int in"):
+        ks.measure_ladder(32, 64, threads=(max_threads() + 1,))
