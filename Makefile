@@ -79,8 +79,11 @@ test-browser: $(STAMP)
 # Opt-in, never part of lab or test: llama.cpp beside labkit (llama-cpp-python and its OpenAI server, the "peers"
 # extra) for benchmarks/peers.py and the peer cells of notebooks 03 and 06. It compiles llama.cpp from source:
 # cmake and a C++ compiler, about 15 minutes on 2 cores.
+# llama.cpp's multimodal library (mtmd, formerly llava) is not built: benchmarks/peers.py does not use it, and
+# the build takes about half the time without it (7 minutes on 2 free cores).
 peers: $(STAMP)
-	$(BIN)/python -m pip install --disable-pip-version-check $(PIP_ARGS) -e ".[peers]"
+	CMAKE_ARGS="$${CMAKE_ARGS:+$$CMAKE_ARGS }-DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(BIN)/python -m pip install --disable-pip-version-check $(PIP_ARGS) -e ".[peers]"
 
 # Writes only the student notebooks that are missing; a newer version of one you changed goes beside it.
 student: $(STAMP)

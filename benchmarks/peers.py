@@ -2,7 +2,9 @@
 matrix-vector product, and serving.
 
     make peers                                  # once: builds llama-cpp-python (llama.cpp from source)
-    .venv/bin/python benchmarks/peers.py [--repeats 9] [--skip-serving]
+    .venv/bin/python benchmarks/peers.py [--repeats 9] [--parts text,gemv,serving]
+
+Notebooks 03 (parts text and gemv) and 06 (serving) run it in a cell when llama-cpp-python is installed.
 
 (a) text     TinyLM written as GGUF (labkit.quant.write_gguf: F32, Q8_0, Q4_0) and run by llama.cpp, greedy,
              "\\n" allowed (llama.cpp would stop there: generate() does not), against TinyLM's own greedy
@@ -19,8 +21,10 @@ matrix-vector product, and serving.
              and the 256-row output: its GFLOP/s (2 * 7 * 4096^2 FLOP per token) is a lower bound of its GEMV's.
 (c) serving  `python -m llama_cpp.server` (Q8_0) against `python -m labkit.serving` (TinyLM, FP32), each on one
              torch/ggml thread, the same 32 concurrent streaming completions from the same `openai` client:
-             output tokens/s and the median and p90 time to first token. llama.cpp's server runs one request at a
-             time (no continuous batching): the 32 streams queue.
+             output tokens/s, the median and p90 time to first token, and the tokens each stream got.
+             llama.cpp's server runs one request at a time (no continuous batching), and by default a new request
+             interrupts the running one (its stream ends early): it runs with --interrupt_requests False, so the
+             32 streams queue and each gets all its tokens.
 
 Copy the output into benchmarks/RESULTS.md.
 """
@@ -30,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +49,7 @@ except ImportError:
     sys.exit("llama-cpp-python is not installed: run `make peers` (it compiles llama.cpp: minutes on 2 cores)")
 
 from labkit.course import interleave
+from labkit.day0.explore import free_port
 from labkit.paths import ROOT
 from labkit.quant import QuantLinear, quantize, write_gguf
 from labkit.quant.gguf import QUANTIZE, tensor_plan
@@ -58,8 +62,30 @@ from labkit.tinylm import TASK_KINDS, ByteTokenizer, TinyLM, TinyLMConfig, gener
 WIDTH = 4096
 MATRICES = 7  # q, k, v, o, gate, up, down
 ROOF_BYTES = 256 * 2**20
+PARTS = ("text", "gemv", "serving")
+BUFTS = ""  # set below on a CPU with AMX
 NEWLINE = 10
 DEQUANTIZE = {"Q8_0": dequantize_q8_0, "Q4_0": dequantize_q4_0}
+
+
+AMX = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
+"""On a CPU with AMX, llama.cpp (0.3.36's) puts Q8_0 and Q4_0 matrices in its AMX buffer type, whose matmul
+crashed here with SIGSEGV on TinyLM's first decode (2026-12-02, Xeon with AMX; ggml_backend_amx_mul_mat, as
+llama.cpp issue #20824 reports). There every Llama of this script, and its server, loads without llama.cpp's
+extra buffer types (AMX and the repacked Q4_0 layouts: the plain ggml-cpu kernels, AVX-512 VNNI included)."""
+NO_EXTRA_BUFTS = """
+import llama_cpp.llama_cpp as api
+default = api.llama_model_default_params
+def params():
+    p = default()
+    p.use_extra_bufts = False
+    return p
+api.llama_model_default_params = params
+"""
+"""Run in this process (and before llama_cpp.server in its own) where AMX is: every Llama loads without them."""
+if AMX:
+    exec(NO_EXTRA_BUFTS)
+    BUFTS = " (this CPU has AMX: llama.cpp runs without its AMX and repacked buffers, see peers.AMX)"
 
 
 def llama(path: Path, threads: int, n_ctx: int = 256) -> "llama_cpp.Llama":
@@ -102,7 +128,7 @@ def same_text(got: list[list[int]], ref: list[list[int]], n: int) -> str:
 def agreement(model, folder: Path, prompts: list[list[int]], n: int) -> None:
     reference = [generate(model, p, n) for p in prompts]
     print(f"(a) greedy text, {len(prompts)} task prompts, {n} tokens each: llama.cpp against TinyLM in FP32 and "
-          f"against TinyLM on the file's own (dequantized) weights")
+          f"against TinyLM on the file's own (dequantized) weights{BUFTS}")
     for qtype in ("F32", "Q8_0", "Q4_0"):
         llm = llama(write_gguf(model, folder / f"tinylm-{qtype.lower()}.gguf", qtype), threads=1)
         assert llm.tokenize(b"copy abc -> ", add_bos=False, special=False) == list(b"copy abc -> ")  # id = byte
@@ -185,7 +211,7 @@ def gemv(folder: Path, repeats: int) -> None:
              for t in (1, 2)}
     print(f"(b) INT4 batch-1 matrix-vector products, {MATRICES} x [{WIDTH}, {WIDTH}] per sweep or per llama.cpp "
           f"token, {repeats} rounds in turns (medians); torch {torch.__version__}, llama-cpp-python "
-          f"{llama_cpp.__version__}")
+          f"{llama_cpp.__version__}{BUFTS}")
     for t in (2, 1):
         print(f"    roof on {t} thread{'s' if t > 1 else ' '}: {roofs[t] / 1e9:5.1f} GB/s")
     for name, timing in timings.items():
@@ -202,15 +228,10 @@ def gemv(folder: Path, repeats: int) -> None:
 
 # --- (c) serving -------------------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def streams(base_url: str, texts: list[str], max_tokens: int, extra: dict) -> tuple[float, list[float]]:
-    """(output tokens/s, times to first token in s) of one streaming completion per text, all at once, from one
-    asyncio client. Tokens are counted as bytes of text (both tokenizers: one token per byte)."""
+def streams(base_url: str, texts: list[str], max_tokens: int, extra: dict) -> tuple[float, list[float], list[int]]:
+    """(output tokens/s, times to first token in s, tokens of each stream) of one streaming completion per text,
+    all at once, from one asyncio client. Tokens are counted as bytes of text (both tokenizers: one token per
+    byte)."""
 
     async def run():
         import openai
@@ -232,7 +253,7 @@ def streams(base_url: str, texts: list[str], max_tokens: int, extra: dict) -> tu
         results = await asyncio.gather(*(one(t) for t in texts))
         seconds = time.perf_counter() - t0
         await client.close()
-        return sum(n for n, _ in results) / seconds, [f for _, f in results]
+        return sum(n for n, _ in results) / seconds, [f for _, f in results], [n for n, _ in results]
 
     return asyncio.run(run())
 
@@ -244,9 +265,11 @@ def serving(folder: Path, clients: int, max_tokens: int) -> None:
     model, _ = load_pretrained()
     gguf = write_gguf(model, folder / "tinylm-q8_0.gguf", "Q8_0")
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
+    launch = ["-c", NO_EXTRA_BUFTS + "import runpy; runpy.run_module('llama_cpp.server', run_name='__main__')"] \
+        if AMX else ["-m", "llama_cpp.server"]  # the same argv either way: runpy keeps sys.argv[1:]
+    server = subprocess.Popen([sys.executable, *launch, "--model", str(gguf), "--port", str(port),
                                "--host", "127.0.0.1", "--n_ctx", "256", "--n_threads", "1", "--n_threads_batch", "1",
-                               "--model_alias", "tinylm"],
+                               "--model_alias", "tinylm", "--interrupt_requests", "False"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         import httpx
@@ -268,10 +291,10 @@ def serving(folder: Path, clients: int, max_tokens: int) -> None:
         ours = streams(service.url, texts, max_tokens, {})
     print(f"(c) serving: {clients} concurrent streaming completions, {max_tokens} tokens each (llama.cpp: \"\\n\" "
           f"banned with logit_bias so that it does not stop early), one thread each")
-    for name, (rate, ttft) in (("llama_cpp.server (Q8_0)", peer), ("python -m labkit.serving (FP32)", ours)):
+    for name, (rate, ttft, tokens) in (("llama_cpp.server (Q8_0)", peer), ("python -m labkit.serving (FP32)", ours)):
         q = statistics.quantiles(ttft, n=10)
         print(f"    {name:<32} {rate:7.0f} output tokens/s   TTFT median {statistics.median(ttft) * 1e3:7.0f} ms, "
-              f"p90 {q[-1] * 1e3:7.0f} ms")
+              f"p90 {q[-1] * 1e3:7.0f} ms   tokens per stream {min(tokens)}-{max(tokens)}")
 
 
 def main() -> None:
@@ -281,8 +304,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=12)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--parts", default=",".join(PARTS), help="which of text, gemv, serving to run")
     args = parser.parse_args()
+    parts = args.parts.split(",")
+    if not parts or any(p not in PARTS for p in parts):
+        parser.error(f"--parts must be a comma-separated list of {', '.join(PARTS)}, got {args.parts!r}")
     for name in ("repeats", "prompts", "tokens", "clients", "max_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
@@ -292,9 +318,11 @@ def main() -> None:
     prompts = [list(t.prompt.encode()) for kind in TASK_KINDS for t in make_tasks(kind, per_kind)][:args.prompts]
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
         folder = Path(tmp)
-        agreement(model, folder, prompts, args.tokens)
-        gemv(folder, args.repeats)
-        if not args.skip_serving:
+        if "text" in parts:
+            agreement(model, folder, prompts, args.tokens)
+        if "gemv" in parts:
+            gemv(folder, args.repeats)
+        if "serving" in parts:
             serving(folder, args.clients, args.max_tokens)
 
 

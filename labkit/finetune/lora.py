@@ -30,6 +30,8 @@ from ..tinylm import LAYER_TYPES, check_tinylm, linear_layers
 
 BASE_DTYPES = ("fp32", "bf16", "nf4", "int4")
 _NF4_LEVELS = torch.from_numpy(nf4.nf4_levels().astype(np.float32))
+_NF4_PAIRS = torch.stack([_NF4_LEVELS[torch.arange(256) & 15], _NF4_LEVELS[torch.arange(256) >> 4]], dim=1)
+"""[256, 2]: the two levels a packed byte holds (low nibble first), so one lookup per byte rebuilds two weights."""
 
 
 class _Dequantized(torch.autograd.Function):
@@ -78,10 +80,9 @@ class FrozenBase(nn.Module):
         """The weight [out, in] as `dtype`, rebuilt from what is stored."""
         if self.dtype in ("fp32", "bf16"):
             return self.w.to(dtype)
-        if self.dtype == "nf4":
-            codes = torch.stack([self.packed & 15, self.packed >> 4], dim=1).reshape(-1, nf4.NF4_BLOCK)  # [blocks, 64]
-            w = _NF4_LEVELS[codes.int()] * self.absmax[:, None]  # in torch, so the profiler sees the transient
-            return w.reshape(self.shape).to(dtype)
+        if self.dtype == "nf4":  # in torch, so the profiler sees the transient: 2 + 4 bytes per weight at most
+            w = _NF4_PAIRS.index_select(0, self.packed.int()).reshape(-1, nf4.NF4_BLOCK)  # [blocks, 64]
+            return w.mul_(self.absmax[:, None]).reshape(self.shape).to(dtype)
         return self.qtensor.dequantize().to(dtype)
 
     def nbytes(self) -> int:
@@ -128,7 +129,9 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         if self.merged:
             return y
-        return y + (x @ self.A.T) @ self.B.T * self.scale
+        x2 = x.reshape(-1, x.shape[-1])  # [tokens, in]
+        xa = (x2 @ self.A.T) * self.scale  # [tokens, r]: the scale on the narrow side
+        return torch.addmm(y.reshape(-1, y.shape[-1]), xa, self.B.T).reshape(y.shape)  # y + xa B^T, one op
 
     def merge(self) -> None:
         """W <- W + (alpha / r) B A (FP32 base only); forward then skips the adapter."""

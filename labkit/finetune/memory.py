@@ -20,14 +20,13 @@ a mixture of experts' experts get none), r * (in + out) parameters each.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 from .._checks import check_bool, check_choice, check_positive_int, check_type, fail
+from ..cluster.buffers import allocator_peak
 from ..specs import ModelSpec, model as model_spec
 from ..tinylm import check_tinylm, linear_layers
 
@@ -87,7 +86,7 @@ def training_memory(spec, method: str = "full", tokens: int = 4096, rank: int = 
 @dataclass(frozen=True)
 class StepMemory:
     """One measured training step of TinyLM, bytes: weights (parameters and frozen bases), gradients, optimizer
-    states, activations (what autograd saved for backward, unique storages, parameters excluded), and the
+    states, activations (what autograd saved for backward, unique storages, parameters and buffers excluded), the
     peak (what existed before the step plus the allocator's peak during it, from torch's profiler)."""
     weights: int
     gradients: int
@@ -98,22 +97,6 @@ class StepMemory:
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
                 "activations": self.activations, "peak": self.peak}
-
-
-def profiled_peak(fn) -> int:
-    """Peak bytes the CPU allocator held above its starting level while fn() ran, from torch's profiler memory
-    events (profile_memory=True; the same accounting as labkit.cluster.buffers.allocator_peak, lab 08)."""
-    if not callable(fn):
-        fail("fn", fn, "a callable taking no arguments", TypeError)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # kineto logs to stderr below level 6
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    live = peak = 0
-    for event in prof.profiler.kineto_results.events():
-        if event.name() == "[memory]":
-            live += event.nbytes()
-            peak = max(peak, live)
-    return peak
 
 
 def _nbytes(tensors) -> int:
@@ -178,8 +161,8 @@ def measure_step(model, tokens: torch.Tensor, optimizer: torch.optim.Optimizer, 
     optimizer.zero_grad(set_to_none=True)
     states = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     resident = weight_bytes(model) + _nbytes(states)
-    peak = profiled_peak(lambda: step(True))
+    peak = allocator_peak(lambda: step(True))  # lab 08's accounting: the profiler's memory events
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    param_storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     acts = [t for t in saved if t.untyped_storage().data_ptr() not in param_storages]
     return StepMemory(weight_bytes(model), _nbytes(grads), _nbytes(states), _nbytes(acts), resident + peak)

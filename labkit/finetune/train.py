@@ -34,6 +34,19 @@ def task_batch(tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, mask
 
 
+def training_tasks(new_kind: str = "first", n: int = 2000, replay: float = 0.0, seed: int = 0) -> list[Task]:
+    """`n` tasks of the new kind (train split) and, for `replay` r in [0, 1), TinyLM's own tasks (train split, the
+    same number of each kind) making a share r of the list: fine-tuning that keeps seeing the old tasks forgets
+    them less (fine_tune draws its batches at random from the list)."""
+    check_positive_int("n", n)
+    check_number("replay", replay, low=0.0, high=1.0, high_open=True)
+    tasks = corpus.make_new_tasks(new_kind, n, "train", seed)
+    per_kind = round(n * replay / (1 - replay) / len(TASK_KINDS))
+    if per_kind:
+        tasks += [t for k in TASK_KINDS for t in make_tasks(k, per_kind, "train", seed)]
+    return tasks
+
+
 def make_model(base, method: str, rank: int = 8, alpha: float = 16.0, targets=("attention", "mlp")):
     """A copy of `base` ready for `method` (a key of METHODS): all parameters trainable for "full", adapters of
     `rank` on `targets` over a frozen base of the method's dtype otherwise."""
@@ -99,4 +112,4 @@ def evaluate(model, new_kind: str = "first", n: int = 200, n_old: int = 100, see
     return task_accuracy(model, tasks)
 
 
-__all__ = ["BASE_DTYPES", "METHODS", "task_batch", "make_model", "FinetuneRun", "fine_tune", "evaluate"]
+__all__ = ["BASE_DTYPES", "METHODS", "task_batch", "training_tasks", "make_model", "FinetuneRun", "fine_tune", "evaluate"]

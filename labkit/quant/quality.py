@@ -149,7 +149,11 @@ def table(results: dict[str, dict]) -> list[str]:
             error = TypeError if not isinstance(r, dict) else ValueError
             fail(f"results[{name!r}]", r if not isinstance(r, dict) else sorted(r),
                  f"a dict from quality.sweep (with {sorted(ROW_KEYS)})", error)
-    kinds = [k for k in TASK_KINDS if k in next(iter(results.values()))]
+    base = next(iter(results.values()))
+    if not base["correct"]:
+        fail("results", f"a first row with {base['correct']} right answers",
+             "a first row (the baseline) with at least one right answer (retention divides by their number)")
+    kinds = [k for k in TASK_KINDS if k in base]
     width = max(len(n) for n in results) + 2
     lines = [f"{'':<{width}}{'KiB':>6}{'bits/w':>7}{'vs FP32':>8}{'ppl':>8}"
              + "".join(f"{SHORT.get(k, k)[:6]:>7}" for k in kinds) + f"{'+/-':>7}{'retained (95%)':>23}"]
@@ -157,7 +161,6 @@ def table(results: dict[str, dict]) -> list[str]:
         lines.append(f"{name:<{width}}{r['KiB']:>6.0f}{r['bpw']:>7.2f}{r['ratio']:>7.1f}x{r['ppl']:>8.4f}"
                      + "".join(f"{r[k]:>7.0%}" for k in kinds) + f"{r['gained']:>4}/{r['lost']:<2}"
                      f"{r['retained']:>8.1%} ({r['low']:.1%}-{r['high']:.1%})")
-    base = next(iter(results.values()))
     lines.append(f"the first row answers {base['correct']} of {len(base['ok'])} tasks: one task is "
                  f"{1 / base['correct']:.2%} of retention")
     return lines

@@ -197,7 +197,9 @@ def corpus(split: str = "train", n_bytes: int = 100_000, seed: int = 0) -> bytes
 NEW_TASK_KINDS = ("first",)
 """first: "first qzkhf -> q": the first letter of a 3..10-letter lowercase word, then the end of the line.
 TinyLM has never seen the keyword and, asked, answers 0% of them (it goes on copying, or says something else);
-its answer uses a letter it knows well, so a few dozen steps of fine-tuning teach it (notebook 09)."""
+its answer uses a letter it knows well. Fine-tuning learns it suddenly: the loss sits on a plateau (a guessed
+letter) for tens of steps, then drops; 150 steps at batch 16 and lr 1e-3 taught it to full fine-tuning, LoRA and
+QLoRA here (notebook 09, benchmarks/RESULTS.md)."""
 
 
 def word_split(word: str) -> str:

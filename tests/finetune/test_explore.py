@@ -21,8 +21,10 @@ def test_the_static_fallback_prints_every_model_and_the_widget_answers(capsys):
     widget = explore.calculator()
     controls = {c.description: c for c in widget.children[:-1]}
     assert set(controls) == {"model", "log2 tokens", "LoRA rank", "checkpointing"}
+    capsys.readouterr()
     controls["log2 tokens"].value, controls["model"].value = 10, "moe-3t"
     assert widget.kwargs == {"model": "moe-3t", "log2_tokens": 10, "rank": 16, "checkpointing": False}
+    assert explore.calculator_table("moe-3t", 1024, 16, False) in capsys.readouterr().out  # what the widget shows
 
 
 def test_bad_input_is_refused():

@@ -41,3 +41,14 @@ def test_a_few_lora_steps_lower_the_loss_and_full_trains_everything():
     assert train.fine_tune(full, tasks, steps=1, batch_size=2).trainable == sum(p.numel() for p in model.parameters())
     assert_refused(lambda: train.make_model(model, "dora"), ValueError, "method", "dora", "one of")
     assert_refused(lambda: train.fine_tune(lora, tasks, steps=0), ValueError, "steps", 0, "positive")
+
+
+def test_training_tasks_mix_in_the_old_tasks_at_the_share_asked():
+    assert train.training_tasks(n=40) == corpus.make_new_tasks("first", 40, "train")
+    tasks = train.training_tasks(n=60, replay=0.5, seed=2)
+    kinds = [t.kind for t in tasks]
+    assert kinds.count("first") == 60 and len(tasks) == 120
+    assert all(kinds.count(k) == 20 for k in ("arithmetic", "recall", "copy"))
+    assert {t.prompt for t in tasks if t.kind == "copy"} <= {t.prompt for t in corpus.make_tasks("copy", 20, "train", 2)}
+    for bad in (1.0, -0.1, float("nan")):
+        assert_refused(lambda: train.training_tasks(replay=bad), ValueError, "replay", bad, "[0, 1)")

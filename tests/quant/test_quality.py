@@ -207,3 +207,10 @@ def test_gptq_vs_rtn_against_direct_calls(pretrained):
 def test_table_refuses_rows_that_are_not_a_sweeps():
     assert_refused(lambda: quality.table({"a": {}}), ValueError, "results['a']", [], "a dict from quality.sweep")
     assert_refused(lambda: quality.table({"a": 1}), TypeError, "results['a']", 1, "a dict from quality.sweep")
+
+
+def test_table_refuses_a_baseline_with_no_right_answer():
+    row = {"ppl": 3.6, "ok": [False] * 4, "correct": 0, "arithmetic": 0.0, "recall": 0.0, "copy": 0.0, "KiB": 1.0,
+           "bpw": 32.0, "ratio": 1.0, "gained": 0, "lost": 0, "retained": 1.0, "low": 1.0, "high": 1.0}
+    assert_refused(lambda: quality.table({"FP32": row}), ValueError, "results", "a first row with 0 right answers",
+                   "at least one right answer")
