@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_bool, check_choice, check_positive_int, check_type, fail
-from ..cluster.buffers import allocator_peak
+from ..cluster import buffers
 from ..specs import ModelSpec, model as model_spec
 from ..tinylm import check_tinylm, linear_layers
 
@@ -161,7 +161,7 @@ def measure_step(model, tokens: torch.Tensor, optimizer: torch.optim.Optimizer, 
     optimizer.zero_grad(set_to_none=True)
     states = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     resident = weight_bytes(model) + _nbytes(states)
-    peak = allocator_peak(lambda: step(True))  # lab 08's accounting: the profiler's memory events
+    peak = buffers.allocator_peak(lambda: step(True))  # lab 08's accounting: the profiler's memory events
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     param_storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     acts = [t for t in saved if t.untyped_storage().data_ptr() not in param_storages]
