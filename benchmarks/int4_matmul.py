@@ -14,7 +14,7 @@ and the memory roofs (torch's sum over 256 MiB on all threads and on one), all t
 run" when the machine was too busy. Also times the reference path (tiled dequantize-multiply-accumulate).
 
 Issue 30, the kernel ladder (labkit.quant.kernels, timed by labkit.quant.kernels_speed.measure_ladder in the
-same run): rungs 1-5 and torch's INT4 kernel, batch 1, on 4096x4096 (8 matrices cycled) and 4096x14336
+same run): rungs 1-6 (rung 6: C built here by the machine's compiler, where there is one) and torch's INT4 kernel, batch 1, on 4096x4096 (8 matrices cycled) and 4096x14336
 (N = 4096 outputs, K = 14336 inputs, as ggml's MUL_MAT perf case; 3 matrices cycled), on 1 and 2 threads,
 each beside the roof of its thread count. Goals: the best rung at least as fast as torch's INT4 kernel and at
 least 70% of the measured roof; its GFLOP/s beside llama.cpp's Q4_0 / Q4_K (shared/FACTS.md, ggml built
@@ -28,7 +28,7 @@ import sys
 import torch
 
 from labkit.course.timing import measure
-from labkit.quant import QuantLinear, kernels_speed, quantize, speed, verdicts
+from labkit.quant import QuantLinear, kernels, kernels_speed, quantize, speed, verdicts
 
 N = K = 4096
 LADDER_SHAPES = ((4096, 4096, 8), (4096, 14336, 3))  # (N, K, matrices cycled)
@@ -60,6 +60,7 @@ def main(repeats: int = 30) -> None:
 
 def ladder(repeats: int = 15) -> None:
     """Issue 30: the ladder's table and goals on each shape."""
+    print(f"\nrung 6 (C): {kernels.available(kernels.C_RUNG)[1]}")
     for n, k, matrices in LADDER_SHAPES:
         run = kernels_speed.measure_ladder(n, k, matrices=matrices, repeats=repeats, slow_repeats=3)
         print(f"\nINT4 GEMV ladder, {n}x{k} (N x K), batch 1, {matrices} matrices cycled, asym g32, "

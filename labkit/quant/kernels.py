@@ -17,8 +17,12 @@
                    and zero point applied once: fewer float operations per weight
     5 integer      activations quantized to int8 per block of 32 (llama.cpp's Q8_0), int4 x int8 products
                    summed in integers, one float multiply per block; approximate (x is rounded)
+    6 C            rung 4's sums in plain C (int4_gemv.c) built by this machine's compiler for its own CPU, on a
+                   layout of the codes made for its SIMD lanes: a shift and a mask give 8 or 16 codes, a bit
+                   trick turns them into floats, vector sums run along a whole row (no sum per group); OpenMP
+                   threads over rows. Only where a C compiler is (kernels_c), groups of 32 * 2**j inputs
 
-RUNGS lists them in order (name -> function). The loops are in kernels_jit.py. with_rung(model, name) runs
+RUNGS lists them in order (name -> function). The loops are in kernels_jit.py and int4_gemv.c. with_rung(model, name) runs
 every QuantLinear of a quantized TinyLM through one rung (notebook 03 measures rung 5's error that way).
 """
 
@@ -38,7 +42,7 @@ from .linear import QuantLinear
 from .packing import pack_int4, unpack_int4
 from .qtensor import QTensor, check_has_data
 from .threads import torch_threads
-from . import kernels_jit as jit
+from . import kernels_c, kernels_jit as jit
 
 ROWS_PER_TASK = 16  # output rows per parallel task of rungs 4 and 5
 X_BLOCK = 32  # activation block of rung 5 (llama.cpp's Q8_0 block)
@@ -49,13 +53,15 @@ class Int4Weight:
     """A 4-bit QTensor laid out for the kernels (pack_weight): codes packed two per byte row by row,
     uint8 [N, K/2] ("adjacent": byte i = n[2i] | n[2i+1] << 4, n = code + 8); scale and zero point per
     group, float32 [N, G] (a symmetric weight has zero 0; "tensor" groups are repeated per row); the
-    reference layer of rung 2. `qtensor`: the weight it came from."""
+    reference layer of rung 2; `words`: rung 6's layout of the same codes (kernels_c.words; None where rung 6
+    is not built or the group length is not 32 * 2**j). `qtensor`: the weight it came from."""
     qtensor: QTensor
     packed: np.ndarray
     scale: np.ndarray
     zero: np.ndarray
     group_len: int
     reference: QuantLinear
+    words: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,7 +92,10 @@ def pack_weight(q: QTensor) -> Int4Weight:
     packed = pack_int4(q.codes).reshape(n, k // 2).numpy()
     scale = q.scale.float().expand(n, -1).contiguous()
     zero = torch.zeros_like(scale) if q.zero is None else q.zero.float().expand(n, -1).contiguous()
-    return Int4Weight(q, packed, scale.numpy(), zero.numpy(), group_len, QuantLinear(q, backend="reference"))
+    words = None  # rung 6's layout: where it is built, for groups of 32 * 2**j inputs
+    if kernels_c.available()[0] and group_len % 32 == 0 and (group_len // 32) & (group_len // 32 - 1) == 0:
+        words = kernels_c.words(q.codes.numpy(), kernels_c.lanes())
+    return Int4Weight(q, packed, scale.numpy(), zero.numpy(), group_len, QuantLinear(q, backend="reference"), words)
 
 
 def _weight(w) -> Int4Weight:
@@ -196,14 +205,38 @@ def integer_dot(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     return torch.from_numpy(y)
 
 
+@_ladder_rung
+def compiled_c(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Rung 6: rung 4's sums in C, vectorized by this machine's compiler (int4_gemv.c, kernels_c). Thread
+    count: torch's (set it with threads(n)). RuntimeError where no C compiler built it (kernels_c.available)."""
+    if w.words is None and kernels_c.available()[0]:
+        fail("w", w, "groups of 32 * 2**j inputs for rung 6 (32, 64, 128, ...: its SIMD lanes take two steps of "
+                     "inputs from one group at a time, and a shift finds a step's group)")
+    x_np = x.numpy()
+    x_sums = x_np.reshape(x_np.shape[0], -1, w.group_len).sum(-1, dtype=np.float32)  # [M, G]
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    kernels_c.gemv(x_np, x_sums, w.words, w.scale, w.zero, torch.get_num_threads(), y)
+    return torch.from_numpy(y)
+
+
 RUNGS: dict[str, Callable[[torch.Tensor, object], torch.Tensor]] = {
     "1 dequantize, then FP32 matmul": dequantize_then_matmul,
     "2 tiled reference path": reference_tiles,
     "3 fused loop (numba)": fused,
     "4 blocked, threads (numba)": blocked,
     "5 int8 x int4 (numba)": integer_dot,
+    "6 C, compiler's SIMD, OpenMP": compiled_c,
 }
-EXACT = tuple(RUNGS)[:4]  # equal to the reference within float rounding; rung 5 rounds x to int8
+APPROXIMATE = "5 int8 x int4 (numba)"  # rounds x to int8
+EXACT = tuple(name for name in RUNGS if name != APPROXIMATE)  # equal to the reference within float rounding
+C_RUNG = "6 C, compiler's SIMD, OpenMP"
+
+
+def available(name: str) -> tuple[bool, str]:
+    """(True, "") when RUNGS[name] runs on this machine; (False, why not) for rung 6 without a C compiler."""
+    if name not in RUNGS:
+        fail("name", name, f"one of {list(RUNGS)}")
+    return kernels_c.available() if name == C_RUNG else (True, "")
 
 
 class threads:

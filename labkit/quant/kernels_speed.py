@@ -7,6 +7,8 @@
              a.sum() over speed.ROOF_BYTES (labkit.quant.speed's roof kernel)
     timing   labkit.course.interleave, in two groups: the slow rungs 1-2 (`slow_repeats` rounds) and the
              rest with the roofs (`repeats` rounds), every case of a group in turns; medians per product
+    missing  a rung that cannot run on this machine (rung 6 without a C compiler: kernels.available) is
+             left out of the timings, with its reason in LadderRun.missing and on its line of the table
 
 Bytes: what a product reads of its weight as it is stored (Int4Weight.nbytes: packed codes and float32
 scales and zero points; torch's kernel: its packed codes and BF16 scales and zeros). Rung 1 also writes and
@@ -15,7 +17,7 @@ reads back an FP32 copy 8x larger: its "GB/s" counts only the stored weight, lik
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -42,16 +44,20 @@ def case(name: str, threads: int) -> str:
 @dataclass(frozen=True)
 class LadderRun:
     """One run of measure_ladder: timings {case(name, threads): Timing of one product (or one roof sum)},
-    weight_bytes {name: bytes one product reads}, the shape and the thread counts."""
+    weight_bytes {name: bytes one product reads}, the shape and the thread counts; missing {rung: why it did
+    not run here}."""
     timings: Mapping[str, Timing]
     weight_bytes: Mapping[str, int]
     n: int
     k: int
     threads: tuple[int, ...]
     roof_bytes: int = ROOF_BYTES
+    missing: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
-        names = list(kernels.RUNGS) + [TORCH]
+        if not set(self.missing) <= set(kernels.RUNGS):
+            fail("missing", sorted(self.missing), f"names of rungs ({list(kernels.RUNGS)}) with a reason each")
+        names = self.rungs + [TORCH]
         wanted = {case(c, t) for c in names + [ROOF] for t in self.threads}
         if set(self.timings) != wanted:
             fail("timings", sorted(self.timings), f"a Timing for each of {sorted(wanted)}")
@@ -59,6 +65,12 @@ class LadderRun:
             fail("weight_bytes", sorted(self.weight_bytes), f"bytes for each of {names}")
         object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
         object.__setattr__(self, "weight_bytes", MappingProxyType(dict(self.weight_bytes)))
+        object.__setattr__(self, "missing", MappingProxyType(dict(self.missing)))
+
+    @property
+    def rungs(self) -> list[str]:
+        """The rungs this run timed, in the ladder's order."""
+        return [name for name in kernels.RUNGS if name not in self.missing]
 
     def seconds(self, name: str, threads: int) -> float:
         return self.timings[case(name, threads)].median
@@ -76,7 +88,7 @@ class LadderRun:
 
     def best(self, threads: int) -> str:
         """The fastest exact-or-not rung on `threads` threads."""
-        return min(kernels.RUNGS, key=lambda r: self.seconds(r, threads))
+        return min(self.rungs, key=lambda r: self.seconds(r, threads))
 
     def lines(self) -> list[str]:
         """One line per case and thread count: ms, GFLOP/s, GB/s of weights, share of that count's roof."""
@@ -85,6 +97,9 @@ class LadderRun:
             out.append(f"{ROOF + ' @' + str(t):<38} {self.bytes_per_s(ROOF, t) / 1e9:6.1f} GB/s "
                        f"(spread {self.timings[case(ROOF, t)].spread:.0%})")
             for name in list(kernels.RUNGS) + [TORCH]:
+                if name in self.missing:
+                    out.append(f"{name + ' @' + str(t):<38} not run here: {self.missing[name]}")
+                    continue
                 out.append(f"{name + ' @' + str(t):<38} {self.seconds(name, t) * 1e3:8.2f} ms "
                            f"{self.flops_per_s(name, t) / 1e9:6.1f} GFLOP/s {self.bytes_per_s(name, t) / 1e9:6.1f} "
                            f"GB/s {self.roof_share(name, t):5.0%} of roof "
@@ -116,20 +131,21 @@ def _cycled(fn: Callable, args: list, threads: int) -> Callable[[], object]:
 
 
 def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int = 15, slow_repeats: int = 3,
-                   threads: tuple[int, ...] = (1, 2), group_size: int = 32, roof_bytes: int = ROOF_BYTES,
-                   rungs: tuple[str, ...] | None = None) -> LadderRun:
-    """Time the ladder as the module docstring says. `rungs`: the names to time (default all); the others
-    get no timing and the run then raises, so pass all of them unless you build the table yourself."""
+                   threads: tuple[int, ...] = (1, 2), group_size: int = 32, roof_bytes: int = ROOF_BYTES) -> LadderRun:
+    """Time the ladder as the module docstring says."""
     for name, v in (("n", n), ("k", k), ("matrices", matrices), ("repeats", repeats),
                     ("slow_repeats", slow_repeats), ("group_size", group_size), ("roof_bytes", roof_bytes)):
         check_positive_int(name, v)
     check_type("threads", threads, tuple, "a tuple of thread counts")
     for t in threads:
         kernels.threads(t)  # refuses counts this machine cannot run
+    missing = {name: why for name in kernels.RUNGS for ok, why in [kernels.available(name)] if not ok}
     gen = torch.Generator().manual_seed(0)
     qs = [quantize(torch.randn(n, k, generator=gen) * 0.02, 4, "asym", group_size) for _ in range(matrices)]
     x = torch.randn(1, k, generator=gen)
     weights = [kernels.pack_weight(q) for q in qs]
+    if weights[0].words is None:
+        missing.setdefault(kernels.C_RUNG, f"groups of {group_size} inputs (rung 6 takes 16 * 2**j)")
     layers = [w.reference for w in weights]  # rung 2's QuantLinear also holds torch's packed copy
     if layers[0].int4pack is None:
         raise RuntimeError("torch's INT4 kernel is not available for this shape or torch build")
@@ -138,11 +154,11 @@ def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int
     for t in threads:
         for name in SLOW:
             slow[case(name, t)] = _cycled(kernels.RUNGS[name], [(x, w) for w in weights], t)
-        for name in FAST:
+        for name in (r for r in FAST if r not in missing):
             fast[case(name, t)] = _cycled(kernels.RUNGS[name], [(x, w) for w in weights], t)
         fast[case(TORCH, t)] = _cycled(lambda m: m.forward_int4pack(x), [(m,) for m in layers], t)
         fast[case(ROOF, t)] = _cycled(lambda r: r.sum(), [(roof,)], t)
     timings = {**interleave(slow, repeats=slow_repeats, warmup=1), **interleave(fast, repeats=repeats, warmup=2)}
-    nbytes = {name: weights[0].nbytes for name in kernels.RUNGS}
+    nbytes = {name: weights[0].nbytes for name in kernels.RUNGS if name not in missing}
     nbytes[TORCH] = int4_weight_bytes(layers[0])
-    return LadderRun(timings, nbytes, n, k, tuple(threads), roof.nbytes)
+    return LadderRun(timings, nbytes, n, k, tuple(threads), roof.nbytes, missing)

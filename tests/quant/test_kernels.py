@@ -2,7 +2,8 @@
 dequantized weight (an independent reference: QTensor.dequantize and torch's matmul), on random shapes,
 group sizes and K not a multiple of a tile or of a task's rows; rung 5 equal to the same product with x
 replaced by its int8 blocks, and within int8's error of the exact one; the compiled loops equal their
-plain-Python selves; the thread count is honoured and restored; bad x and w are refused."""
+plain-Python selves; the thread count is honoured and restored; bad x and w are refused. Rung 6 (C) takes
+groups of 16 * 2**j inputs and refuses others by name (tests/quant/test_kernels_c.py: its build)."""
 import numba
 import pytest
 import torch
@@ -18,6 +19,11 @@ from ..refusals import assert_refused
 def exact(x: torch.Tensor, q) -> torch.Tensor:
     """x @ w_hat.T in float64 (the reference every exact rung is held to)."""
     return (x.double() @ q.dequantize().double().T).float()
+
+
+def runs(name: str, w) -> bool:
+    """Whether rung `name` takes weight w (rung 6 needs a C compiler and groups of 16 * 2**j inputs)."""
+    return name != kk.C_RUNG or (kk.available(name)[0] and kk._weight(w).words is not None)
 
 
 def close(y, ref, k):
@@ -36,11 +42,13 @@ def layer(n, k, group, scheme="asym", seed=0, shift=0.0):
 def test_exact_rungs_match_the_dequantized_product(name, group):
     # K = 3 groups: not a multiple of rung 2's 256-column tile; N = 40: not a multiple of ROWS_PER_TASK
     q, x = layer(40, 3 * group, group)
+    if not runs(name, q):
+        pytest.skip(f"{name} does not run here: {kk.available(name)[1]}")
     assert close(kk.RUNGS[name](x, q), exact(x, q), 3 * group)
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 40), groups=st.integers(1, 6), group=st.sampled_from([2, 8, 32, 64, 128]),
+@given(n=st.integers(1, 40), groups=st.integers(1, 6), group=st.sampled_from([2, 8, 16, 32, 48, 64, 128]),
        m=st.integers(1, 3), scheme=st.sampled_from(["asym", "sym"]), seed=st.integers(0, 2**16),
        shift=st.floats(-2, 2))
 def test_random_shapes(n, groups, group, m, scheme, seed, shift):
@@ -49,20 +57,26 @@ def test_random_shapes(n, groups, group, m, scheme, seed, shift):
     w = kk.pack_weight(q)
     ref = exact(x, q)
     for name in kk.EXACT:
-        assert close(kk.RUNGS[name](x, w), ref, groups * group), name
+        if runs(name, w):
+            assert close(kk.RUNGS[name](x, w), ref, groups * group), name
+        elif name == kk.C_RUNG and kk.available(name)[0]:
+            assert_refused(lambda: kk.compiled_c(x, w), ValueError, "w", w, "32 * 2**j")
     assert close(kk.integer_dot(x, w), int8_exact(x, q, kk.x_block(group)), groups * group)
 
 
 @pytest.mark.parametrize("group_size", ["channel", "tensor"])
 def test_channel_and_tensor_groups(group_size):
-    q, x = layer(17, 100, group_size)  # 100 inputs: rung 5 uses blocks of gcd(100, 32) = 4
-    for name in kk.EXACT:
-        assert close(kk.RUNGS[name](x, q), exact(x, q), 100), name
+    for k in (100, 128):  # 100 inputs: rung 5 uses blocks of gcd(100, 32) = 4, rung 6 refuses; 128: 16 * 2**3
+        q, x = layer(17, k, group_size)
+        for name in filter(lambda name: runs(name, q), kk.EXACT):
+            assert close(kk.RUNGS[name](x, q), exact(x, q), k), name
 
 
 def test_one_d_input_gives_one_d_output():
     q, x = layer(8, 64, 32)
-    for rung in kk.RUNGS.values():
+    for name, rung in kk.RUNGS.items():
+        if not runs(name, q):
+            continue
         y = rung(x[0], q)
         assert y.shape == (8,) and y.dtype == torch.float32
 

@@ -47,6 +47,8 @@ def test_refusals():
         ks.LadderRun({k: v for k, v in list(timings.items())[1:]}, nbytes, 32, 64, (1,))
     with pytest.raises(ValueError, match="weight_bytes must be"):
         ks.LadderRun(timings, {}, 32, 64, (1,))
+    with pytest.raises(ValueError, match="missing must be names of rungs"):
+        ks.LadderRun(timings, nbytes, 32, 64, (1,), missing={"7 a rung that is not": "why"})
     with pytest.raises(ValueError, match="n must be"):
         ks.measure_ladder(0, 64)
     with pytest.raises(ValueError, match="n must be an int in"):

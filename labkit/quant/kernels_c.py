@@ -1,0 +1,172 @@
+"""Rung 6 of the INT4 GEMV ladder: int4_gemv.c built by this machine's C compiler (notebook 03, section 8;
+labkit.quant.kernels calls it).
+
+    int4_gemv.c --(cc -O3 -march=native -fopenmp -shared -fPIC)--> int4_gemv-<hash>.so --(ctypes)--> gemv(...)
+
+Built once per machine and source on first use (about a second), kept beside the package's bytecode
+(__pycache__, else the user's cache folder, else the temporary folder) under a name that hashes the source,
+the compiler's version and the flags, so that a new CPU flag or an edited kernel builds a new library. The
+compiler is $CC when set, else cc, gcc or clang on PATH. Flags are tried best first: -march=native (the
+CPU's own SIMD) with OpenMP, then without OpenMP (one thread), then plain -O3 (Apple clang without libomp
+stops at the second); $LABKIT_CFLAGS replaces them with one set of your own (try "-O3 -march=haswell
+-fopenmp" on an AVX-512 machine to see what its wider registers buy). With no compiler, or when every
+build fails, available() says why and gemv raises a RuntimeError naming the reason: the other rungs do not
+need it (lab 08's compiler probe does the same for torch.compile). LABKIT_C=0 switches rung 6 off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("int4_gemv.c")
+FLAGS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3",))
+_f32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
+_u32 = np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS")
+_i64 = ctypes.c_int64
+
+
+def compiler() -> str | None:
+    """The C compiler's path: $CC, else cc, gcc or clang on PATH; None when there is none."""
+    return _which(os.environ.get("CC") or None)
+
+
+@functools.lru_cache(maxsize=None)
+def _which(cc: str | None) -> str | None:
+    """Cached: a PATH search on every product would cost more than a small product's arithmetic."""
+    return next(filter(None, map(shutil.which, [cc] if cc else ["cc", "gcc", "clang"])), None)
+
+
+def _folders() -> list[Path]:
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "labkit"
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")  # Windows has no uid
+    return [SOURCE.parent / "__pycache__", home, Path(tempfile.gettempdir()) / f"labkit-{user}"]
+
+
+def _version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _build(cc: str, flags: tuple[str, ...]) -> tuple[Path | None, str]:
+    """(library, "") built or found in a cache folder, or (None, the compiler's complaint)."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + repr((_version(cc), flags, platform.machine())).encode()).hexdigest()[:16]
+    why = "no writable cache folder"
+    for folder in _folders():
+        lib = folder / f"int4_gemv-{key}.so"
+        if lib.is_file():
+            return lib, ""
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+            os.close(fd)
+        except OSError as e:
+            why = f"cannot write to {folder} ({e})"
+            continue
+        try:
+            done = subprocess.run([cc, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp],
+                                  capture_output=True, text=True, timeout=120)
+            if done.returncode == 0:
+                os.replace(tmp, lib)  # atomic: two processes building at once both end with a whole file
+                return lib, ""
+            return None, done.stderr.strip()[:300] or f"exit status {done.returncode}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"{type(e).__name__}: {e}"
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return None, why
+
+
+def _flag_sets() -> tuple[tuple[str, ...], ...]:
+    own = os.environ.get("LABKIT_CFLAGS", "").split()
+    return (tuple(own),) if own else FLAGS
+
+
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, how it was built) or (None, why not)."""
+    if os.environ.get("LABKIT_C", "1") == "0":
+        return None, "LABKIT_C=0 switches rung 6 off"
+    return _load(compiler(), _flag_sets())
+
+
+@functools.lru_cache(maxsize=None)
+def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctypes.CDLL | None, str]:
+    """_library's work, once per process, compiler and flags."""
+    if cc is None:
+        return None, "no C compiler (set $CC, or install gcc or clang)"
+    complaints = []
+    for flags in flag_sets:
+        lib, why = _build(cc, flags)
+        if lib is None:
+            complaints.append(f"{' '.join(flags)}: {why.splitlines()[0] if why else '?'}")
+            continue
+        try:
+            dll = ctypes.CDLL(str(lib))
+        except OSError as e:
+            complaints.append(f"{' '.join(flags)}: built but would not load ({e})")
+            continue
+        dll.int4_gemv_lanes.restype = ctypes.c_int
+        dll.int4_gemv.restype = None
+        dll.int4_gemv.argtypes = [_f32, _f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int,
+                                  _f32]
+        openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
+        return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes"
+    return None, f"{cc} could not build {SOURCE.name}: " + "; ".join(complaints)
+
+
+def available() -> tuple[bool, str]:
+    """(True, compiler, flags and lanes) when rung 6 is built and loaded here, (False, why not) otherwise."""
+    dll, how = _library()
+    return dll is not None, how
+
+
+def lanes() -> int:
+    """The float lanes rung 6 was built for here (16 with AVX-512, else 8). RuntimeError when not built."""
+    return _loaded().int4_gemv_lanes()
+
+
+def words(codes: np.ndarray, lanes: int) -> np.ndarray:
+    """int4_gemv.c's layout of int8 codes [N, K] (K a multiple of 2 * lanes): uint32 [N, ceil(K / (8 lanes)),
+    lanes], lane l of chunk c holding the nibbles (code + 8) of inputs c*8*lanes + t*lanes + l at bits
+    4t..4t+3 (t = 0..7; a partial last chunk's missing steps are 0)."""
+    n, k = codes.shape
+    chunks = -(-k // (8 * lanes))
+    nibbles = np.zeros((n, chunks * 8 * lanes), np.uint32)
+    nibbles[:, :k] = codes.astype(np.int32) + 8
+    steps = nibbles.reshape(n, chunks, 8, lanes)  # [N, chunk, t, lane]
+    return sum(steps[:, :, t] << np.uint32(4 * t) for t in range(8)).astype(np.uint32)  # [N, chunk, lane]
+
+
+def _loaded() -> ctypes.CDLL:
+    dll, how = _library()
+    if dll is None:
+        raise RuntimeError(f"rung 6 (C) is not available on this machine: {how}")
+    return dll
+
+
+def gemv(x: np.ndarray, x_sums: np.ndarray, words: np.ndarray, scale: np.ndarray, zero: np.ndarray,
+         threads: int, y: np.ndarray) -> None:
+    """int4_gemv.c's product into y (see its comment for the arrays; words from words(codes, lanes())).
+    RuntimeError when rung 6 is not built."""
+    dll = _loaded()
+    m_rows, k = x.shape
+    n_rows, groups = scale.shape
+    lanes = dll.int4_gemv_lanes()
+    if words.shape[2] != lanes:  # laid out for another build (LABKIT_CFLAGS changed since)
+        raise RuntimeError(f"the weight's words are laid out for {words.shape[2]} lanes, rung 6 is built here for "
+                           f"{lanes}: lay it out again with kernels.pack_weight")
+    log_steps = (k // groups // lanes).bit_length() - 1  # group = lanes * 2**log_steps inputs
+    dll.int4_gemv(x, x_sums, words, scale, zero, m_rows, n_rows, k, groups, log_steps, threads, y)

@@ -1,0 +1,94 @@
+"""Rung 6's build (labkit.quant.kernels_c): the layout it reads holds every code where its comment says, for
+both lane counts; the library is built once and found again; a build for 8 lanes (AVX2) gives the same
+product as the native one; its threads give the same product; a weight laid out for another build is
+refused; a machine without a working C compiler gets a reason and a clean refusal instead of a crash (the
+other rungs and the ladder go on)."""
+import platform
+
+import numpy as np
+import pytest
+import torch
+
+from labkit.quant import kernels as kk
+from labkit.quant import kernels_c as kc
+from labkit.quant import kernels_speed as ks
+
+from .test_kernels import close, exact, layer
+
+needs_c = pytest.mark.skipif(not kc.available()[0], reason=f"rung 6 is not built here: {kc.available()[1]}")
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_words_layout_against_its_definition(lanes):
+    codes = np.random.default_rng(lanes).integers(-8, 8, size=(3, 9 * 2 * lanes), dtype=np.int8)
+    words = kc.words(codes, lanes)
+    chunk = 8 * lanes
+    assert words.shape == (3, 3, lanes) and words.dtype == np.uint32  # 9 pairs of steps: 2 chunks and 1 pair
+    for n in range(3):
+        for i in range(codes.shape[1]):  # input i = c * 8 lanes + t * lanes + l sits in nibble t of lane l of chunk c
+            c, t, lane = i // chunk, i % chunk // lanes, i % lanes
+            assert (int(words[n, c, lane]) >> 4 * t) & 15 == codes[n, i] + 8
+    assert (words[:, 2] >> 8 == 0).all()  # the last chunk's missing steps are zero
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_give_the_same_product(threads):
+    q, _ = layer(50, 4 * 128 + 64, 64, seed=5)  # K not a multiple of a chunk: a partial last chunk
+    x = torch.randn(3, 4 * 128 + 64, generator=torch.Generator().manual_seed(6))
+    with kk.threads(min(threads, kk.jit.max_threads())):
+        y = kk.compiled_c(x, q)
+    assert close(y, exact(x, q), 576)
+
+
+@needs_c
+def test_the_library_is_cached_per_source_and_compiler():
+    path, why = kc._build(kc.compiler(), kc.FLAGS[-1])
+    assert why == "" and path.is_file()
+    again, _ = kc._build(kc.compiler(), kc.FLAGS[-1])
+    assert again == path  # found, not rebuilt
+
+
+@needs_c
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-march=haswell is an x86 flag")
+def test_an_avx2_build_gives_the_same_product(monkeypatch):
+    q, x = layer(37, 6 * 32 + 32 * 8, 32, seed=7)  # 448 inputs: chunks of 64 (8 lanes) and of 128 (16)
+    native = kk.pack_weight(q)
+    y_native = kk.compiled_c(x, native)
+    monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -march=haswell -fopenmp")
+    ok, how = kc.available()
+    assert ok and how.endswith("8 float lanes"), how
+    avx2 = kk.pack_weight(q)
+    assert close(kk.compiled_c(x, avx2), exact(x, q), 448) and close(y_native, exact(x, q), 448)
+    if native.words.shape[2] != 8:  # a weight laid out for the other build is refused, never misread
+        with pytest.raises(RuntimeError, match="laid out for 16 lanes, rung 6 is built here for 8"):
+            kk.compiled_c(x, native)
+
+
+def test_no_compiler_gives_a_reason_and_a_clean_refusal(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert kc.compiler() is None
+    ok, why = kc.available()
+    assert not ok and "no C compiler" in why
+    q, x = layer(8, 64, 32)
+    with pytest.raises(RuntimeError, match="rung 6 .* not available on this machine: no C compiler"):
+        kk.compiled_c(x, q)
+    assert kk.available(kk.C_RUNG) == (False, why)
+    run = ks.measure_ladder(16, 64, matrices=1, repeats=1, slow_repeats=1, threads=(1,), roof_bytes=4096)
+    assert run.missing == {kk.C_RUNG: why} and kk.C_RUNG not in run.rungs
+    assert any(line.startswith(kk.C_RUNG) and "not run here: no C compiler" in line for line in run.lines())
+    assert close(kk.blocked(x, q), exact(x, q), 64)  # the other rungs go on
+
+
+def test_a_compiler_that_fails_gives_its_complaint(monkeypatch, tmp_path):
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\necho 'cc: error: no such CPU' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    ok, why = kc.available()
+    assert not ok and "could not build int4_gemv.c" in why and "no such CPU" in why
+
+
+def test_switched_off(monkeypatch):
+    monkeypatch.setenv("LABKIT_C", "0")
+    assert kc.available() == (False, "LABKIT_C=0 switches rung 6 off")
