@@ -17,10 +17,11 @@
                    and zero point applied once: fewer float operations per weight
     5 integer      activations quantized to int8 per block of 32 (llama.cpp's Q8_0), int4 x int8 products
                    summed in integers, one float multiply per block; approximate (x is rounded)
-    6 C            rung 4's sums in plain C (int4_gemv.c) built by this machine's compiler for its own CPU, on a
-                   layout of the codes made for its SIMD lanes: a shift and a mask give 8 or 16 codes, a bit
-                   trick turns them into floats, vector sums run along a whole row (no sum per group); OpenMP
-                   threads over rows. Only where a C compiler is (kernels_c), groups of 32 * 2**j inputs
+    6 C            plain C (int4_gemv.c) built by this machine's compiler for its own CPU, on a layout with
+                   output rows in the SIMD lanes: a broadcast x[k] meets 8 or 16 rows' codes at once, a shift
+                   and a mask give the codes, a bit trick turns them into floats, nothing is summed across
+                   lanes; OpenMP threads over blocks of rows. Only where a C compiler is (kernels_c), for groups
+                   of a multiple of 8 inputs
 
 RUNGS lists them in order (name -> function). The loops are in kernels_jit.py and int4_gemv.c. with_rung(model, name) runs
 every QuantLinear of a quantized TinyLM through one rung (notebook 03 measures rung 5's error that way).
@@ -53,15 +54,15 @@ class Int4Weight:
     """A 4-bit QTensor laid out for the kernels (pack_weight): codes packed two per byte row by row,
     uint8 [N, K/2] ("adjacent": byte i = n[2i] | n[2i+1] << 4, n = code + 8); scale and zero point per
     group, float32 [N, G] (a symmetric weight has zero 0; "tensor" groups are repeated per row); the
-    reference layer of rung 2; `words`: rung 6's layout of the same codes (kernels_c.words; None where rung 6
-    is not built or the group length is not 32 * 2**j). `qtensor`: the weight it came from."""
+    reference layer of rung 2; `lanes`: rung 6's layout of the same weight (kernels_c.lay_out; None where
+    rung 6 is not built or the group length is not a multiple of 8). `qtensor`: the weight it came from."""
     qtensor: QTensor
     packed: np.ndarray
     scale: np.ndarray
     zero: np.ndarray
     group_len: int
     reference: QuantLinear
-    words: np.ndarray | None = None
+    lanes: kernels_c.LaneLayout | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -92,10 +93,10 @@ def pack_weight(q: QTensor) -> Int4Weight:
     packed = pack_int4(q.codes).reshape(n, k // 2).numpy()
     scale = q.scale.float().expand(n, -1).contiguous()
     zero = torch.zeros_like(scale) if q.zero is None else q.zero.float().expand(n, -1).contiguous()
-    words = None  # rung 6's layout: where it is built, for groups of 32 * 2**j inputs
-    if kernels_c.available()[0] and group_len % 32 == 0 and (group_len // 32) & (group_len // 32 - 1) == 0:
-        words = kernels_c.words(q.codes.numpy(), kernels_c.lanes())
-    return Int4Weight(q, packed, scale.numpy(), zero.numpy(), group_len, QuantLinear(q, backend="reference"), words)
+    lanes = None  # rung 6's layout: where it is built, for groups of a multiple of 8 inputs
+    if group_len % 8 == 0 and kernels_c.available()[0]:
+        lanes = kernels_c.lay_out(q.codes.numpy(), scale.numpy(), zero.numpy(), kernels_c.lanes())
+    return Int4Weight(q, packed, scale.numpy(), zero.numpy(), group_len, QuantLinear(q, backend="reference"), lanes)
 
 
 def _weight(w) -> Int4Weight:
@@ -207,15 +208,15 @@ def integer_dot(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 @_ladder_rung
 def compiled_c(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    """Rung 6: rung 4's sums in C, vectorized by this machine's compiler (int4_gemv.c, kernels_c). Thread
-    count: torch's (set it with threads(n)). RuntimeError where no C compiler built it (kernels_c.available)."""
-    if w.words is None and kernels_c.available()[0]:
-        fail("w", w, "groups of 32 * 2**j inputs for rung 6 (32, 64, 128, ...: its SIMD lanes take two steps of "
-                     "inputs from one group at a time, and a shift finds a step's group)")
+    """Rung 6: C vectorized by this machine's compiler, output rows in the SIMD lanes (int4_gemv.c, kernels_c).
+    Thread count: torch's (set it with threads(n)). RuntimeError where no C compiler built it
+    (kernels_c.available)."""
+    if w.lanes is None and kernels_c.available()[0]:
+        fail("w", w, "groups of a multiple of 8 inputs for rung 6 (it reads a row's codes 8 at a time, from one group)")
     x_np = x.numpy()
     x_sums = x_np.reshape(x_np.shape[0], -1, w.group_len).sum(-1, dtype=np.float32)  # [M, G]
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    kernels_c.gemv(x_np, x_sums, w.words, w.scale, w.zero, torch.get_num_threads(), y)
+    kernels_c.gemv(x_np, x_sums, w.lanes, w.shape[0], torch.get_num_threads(), y)
     return torch.from_numpy(y)
 
 

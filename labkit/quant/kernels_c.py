@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +121,7 @@ def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctype
             continue
         dll.int4_gemv_lanes.restype = ctypes.c_int
         dll.int4_gemv.restype = None
-        dll.int4_gemv.argtypes = [_f32, _f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int,
-                                  _f32]
+        dll.int4_gemv.argtypes = [_f32, _f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, ctypes.c_int, _f32]
         openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
         return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes"
     return None, f"{cc} could not build {SOURCE.name}: " + "; ".join(complaints)
@@ -138,16 +138,36 @@ def lanes() -> int:
     return _loaded().int4_gemv_lanes()
 
 
-def words(codes: np.ndarray, lanes: int) -> np.ndarray:
-    """int4_gemv.c's layout of int8 codes [N, K] (K a multiple of 2 * lanes): uint32 [N, ceil(K / (8 lanes)),
-    lanes], lane l of chunk c holding the nibbles (code + 8) of inputs c*8*lanes + t*lanes + l at bits
-    4t..4t+3 (t = 0..7; a partial last chunk's missing steps are 0)."""
+@dataclass(frozen=True, eq=False)
+class LaneLayout:
+    """One weight laid out for int4_gemv.c with `lanes` output rows per SIMD vector (see its comment):
+    words uint32 [B, K / 8, lanes], scale and offset float32 [B, G, lanes], B = ceil(N / lanes) row blocks."""
+    words: np.ndarray
+    scale: np.ndarray
+    offset: np.ndarray
+
+    @property
+    def lanes(self) -> int:
+        return self.words.shape[2]
+
+
+def lay_out(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, lanes: int) -> LaneLayout:
+    """int4_gemv.c's layout of int8 codes [N, K] (K a multiple of 8) with their float32 scale and zero point
+    [N, G]; rows past N (up to a whole block) get code -8 and scale 0."""
     n, k = codes.shape
-    chunks = -(-k // (8 * lanes))
-    nibbles = np.zeros((n, chunks * 8 * lanes), np.uint32)
-    nibbles[:, :k] = codes.astype(np.int32) + 8
-    steps = nibbles.reshape(n, chunks, 8, lanes)  # [N, chunk, t, lane]
-    return sum(steps[:, :, t] << np.uint32(4 * t) for t in range(8)).astype(np.uint32)  # [N, chunk, lane]
+    blocks = -(-n // lanes)
+    nibbles = np.zeros((blocks * lanes, k), np.uint8)
+    nibbles[:n] = (codes.astype(np.int16) + 8).astype(np.uint8)
+    nibbles = nibbles.reshape(blocks, lanes, k // 8, 8)  # [B, lane, word, t]
+    words = sum(nibbles[..., t].astype(np.uint32) << np.uint32(4 * t) for t in range(8))  # [B, lane, word]
+
+    def by_block(a: np.ndarray) -> np.ndarray:  # [N, G] -> [B, G, lane]
+        padded = np.zeros((blocks * lanes, a.shape[1]), np.float32)
+        padded[:n] = a
+        return np.ascontiguousarray(padded.reshape(blocks, lanes, -1).transpose(0, 2, 1))
+
+    offset = scale * (np.float32(24) + zero)  # float32: 24 = 8 (the nibble's offset) + 16 (the bit trick's 1)
+    return LaneLayout(np.ascontiguousarray(words.transpose(0, 2, 1)), by_block(scale), by_block(offset))
 
 
 def _loaded() -> ctypes.CDLL:
@@ -157,16 +177,13 @@ def _loaded() -> ctypes.CDLL:
     return dll
 
 
-def gemv(x: np.ndarray, x_sums: np.ndarray, words: np.ndarray, scale: np.ndarray, zero: np.ndarray,
-         threads: int, y: np.ndarray) -> None:
-    """int4_gemv.c's product into y (see its comment for the arrays; words from words(codes, lanes())).
-    RuntimeError when rung 6 is not built."""
+def gemv(x: np.ndarray, x_sums: np.ndarray, layout: LaneLayout, n_rows: int, threads: int, y: np.ndarray) -> None:
+    """int4_gemv.c's product into y [M, n_rows] (x [M, K], x_sums [M, G]; layout from lay_out(..., lanes())).
+    RuntimeError when rung 6 is not built here, or the layout was written for another build."""
     dll = _loaded()
+    if layout.lanes != dll.int4_gemv_lanes():  # laid out before LABKIT_CFLAGS changed the build
+        raise RuntimeError(f"the weight is laid out for {layout.lanes} lanes, rung 6 is built here for "
+                           f"{dll.int4_gemv_lanes()}: lay it out again with kernels.pack_weight")
     m_rows, k = x.shape
-    n_rows, groups = scale.shape
-    lanes = dll.int4_gemv_lanes()
-    if words.shape[2] != lanes:  # laid out for another build (LABKIT_CFLAGS changed since)
-        raise RuntimeError(f"the weight's words are laid out for {words.shape[2]} lanes, rung 6 is built here for "
-                           f"{lanes}: lay it out again with kernels.pack_weight")
-    log_steps = (k // groups // lanes).bit_length() - 1  # group = lanes * 2**log_steps inputs
-    dll.int4_gemv(x, x_sums, words, scale, zero, m_rows, n_rows, k, groups, log_steps, threads, y)
+    groups = x_sums.shape[1]
+    dll.int4_gemv(x, x_sums, layout.words, layout.scale, layout.offset, m_rows, n_rows, k, groups, threads, y)

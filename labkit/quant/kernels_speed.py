@@ -144,8 +144,8 @@ def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int
     qs = [quantize(torch.randn(n, k, generator=gen) * 0.02, 4, "asym", group_size) for _ in range(matrices)]
     x = torch.randn(1, k, generator=gen)
     weights = [kernels.pack_weight(q) for q in qs]
-    if weights[0].words is None:
-        missing.setdefault(kernels.C_RUNG, f"groups of {group_size} inputs (rung 6 takes 16 * 2**j)")
+    if weights[0].lanes is None:
+        missing.setdefault(kernels.C_RUNG, f"groups of {group_size} inputs (rung 6 takes a multiple of 8)")
     layers = [w.reference for w in weights]  # rung 2's QuantLinear also holds torch's packed copy
     if layers[0].int4pack is None:
         raise RuntimeError("torch's INT4 kernel is not available for this shape or torch build")

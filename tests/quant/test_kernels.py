@@ -3,7 +3,7 @@ dequantized weight (an independent reference: QTensor.dequantize and torch's mat
 group sizes and K not a multiple of a tile or of a task's rows; rung 5 equal to the same product with x
 replaced by its int8 blocks, and within int8's error of the exact one; the compiled loops equal their
 plain-Python selves; the thread count is honoured and restored; bad x and w are refused. Rung 6 (C) takes
-groups of 16 * 2**j inputs and refuses others by name (tests/quant/test_kernels_c.py: its build)."""
+groups of a multiple of 8 inputs and refuses others by name (tests/quant/test_kernels_c.py: its build)."""
 import numba
 import pytest
 import torch
@@ -22,8 +22,8 @@ def exact(x: torch.Tensor, q) -> torch.Tensor:
 
 
 def runs(name: str, w) -> bool:
-    """Whether rung `name` takes weight w (rung 6 needs a C compiler and groups of 16 * 2**j inputs)."""
-    return name != kk.C_RUNG or (kk.available(name)[0] and kk._weight(w).words is not None)
+    """Whether rung `name` takes weight w (rung 6 needs a C compiler and groups of a multiple of 8 inputs)."""
+    return name != kk.C_RUNG or (kk.available(name)[0] and kk._weight(w).lanes is not None)
 
 
 def close(y, ref, k):
@@ -60,13 +60,13 @@ def test_random_shapes(n, groups, group, m, scheme, seed, shift):
         if runs(name, w):
             assert close(kk.RUNGS[name](x, w), ref, groups * group), name
         elif name == kk.C_RUNG and kk.available(name)[0]:
-            assert_refused(lambda: kk.compiled_c(x, w), ValueError, "w", w, "32 * 2**j")
+            assert_refused(lambda: kk.compiled_c(x, w), ValueError, "w", w, "a multiple of 8 inputs")
     assert close(kk.integer_dot(x, w), int8_exact(x, q, kk.x_block(group)), groups * group)
 
 
 @pytest.mark.parametrize("group_size", ["channel", "tensor"])
 def test_channel_and_tensor_groups(group_size):
-    for k in (100, 128):  # 100 inputs: rung 5 uses blocks of gcd(100, 32) = 4, rung 6 refuses; 128: 16 * 2**3
+    for k in (100, 128):  # 100 inputs: rung 5 uses blocks of gcd(100, 32) = 4, rung 6 refuses (not 8 * j)
         q, x = layer(17, k, group_size)
         for name in filter(lambda name: runs(name, q), kk.EXACT):
             assert close(kk.RUNGS[name](x, q), exact(x, q), k), name

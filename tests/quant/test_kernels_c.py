@@ -1,5 +1,5 @@
-"""Rung 6's build (labkit.quant.kernels_c): the layout it reads holds every code where its comment says, for
-both lane counts; the library is built once and found again; a build for 8 lanes (AVX2) gives the same
+"""Rung 6's build (labkit.quant.kernels_c): the layout it reads holds every code, scale and offset where its
+comment says, for both lane counts; the library is built once and found again; a build for 8 lanes (AVX2) gives the same
 product as the native one; its threads give the same product; a weight laid out for another build is
 refused; a machine without a working C compiler gets a reason and a clean refusal instead of a crash (the
 other rungs and the ladder go on)."""
@@ -19,22 +19,32 @@ needs_c = pytest.mark.skipif(not kc.available()[0], reason=f"rung 6 is not built
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
-def test_words_layout_against_its_definition(lanes):
-    codes = np.random.default_rng(lanes).integers(-8, 8, size=(3, 9 * 2 * lanes), dtype=np.int8)
-    words = kc.words(codes, lanes)
-    chunk = 8 * lanes
-    assert words.shape == (3, 3, lanes) and words.dtype == np.uint32  # 9 pairs of steps: 2 chunks and 1 pair
-    for n in range(3):
-        for i in range(codes.shape[1]):  # input i = c * 8 lanes + t * lanes + l sits in nibble t of lane l of chunk c
-            c, t, lane = i // chunk, i % chunk // lanes, i % lanes
-            assert (int(words[n, c, lane]) >> 4 * t) & 15 == codes[n, i] + 8
-    assert (words[:, 2] >> 8 == 0).all()  # the last chunk's missing steps are zero
+def test_the_layout_against_its_definition(lanes):
+    rng = np.random.default_rng(lanes)
+    n, k, groups = 2 * lanes + 3, 48, 3  # a partial last block of rows; groups of 16 inputs = 2 words
+    codes = rng.integers(-8, 8, size=(n, k), dtype=np.int8)
+    scale = rng.random((n, groups), dtype=np.float32) + 0.5
+    zero = rng.integers(-8, 8, size=(n, groups)).astype(np.float32)
+    out = kc.lay_out(codes, scale, zero, lanes)
+    assert out.words.shape == (3, k // 8, lanes) and out.words.dtype == np.uint32 and out.lanes == lanes
+    assert out.scale.shape == out.offset.shape == (3, groups, lanes)
+    for row in range(3 * lanes):  # row = b * lanes + l; input i = 8j + t sits in nibble t of word j, lane l
+        b, lane = divmod(row, lanes)
+        for i in range(k):
+            nibble = (int(out.words[b, i // 8, lane]) >> 4 * (i % 8)) & 15
+            assert nibble == (codes[row, i] + 8 if row < n else 0)
+        for g in range(groups):
+            if row < n:
+                assert out.scale[b, g, lane] == scale[row, g]
+                assert out.offset[b, g, lane] == np.float32(scale[row, g] * (np.float32(24) + zero[row, g]))
+            else:
+                assert out.scale[b, g, lane] == out.offset[b, g, lane] == 0
 
 
 @needs_c
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_give_the_same_product(threads):
-    q, _ = layer(50, 4 * 128 + 64, 64, seed=5)  # K not a multiple of a chunk: a partial last chunk
+    q, _ = layer(50, 4 * 128 + 64, 64, seed=5)  # 50 rows: a partial last block
     x = torch.randn(3, 4 * 128 + 64, generator=torch.Generator().manual_seed(6))
     with kk.threads(min(threads, kk.jit.max_threads())):
         y = kk.compiled_c(x, q)
@@ -52,7 +62,7 @@ def test_the_library_is_cached_per_source_and_compiler():
 @needs_c
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-march=haswell is an x86 flag")
 def test_an_avx2_build_gives_the_same_product(monkeypatch):
-    q, x = layer(37, 6 * 32 + 32 * 8, 32, seed=7)  # 448 inputs: chunks of 64 (8 lanes) and of 128 (16)
+    q, x = layer(37, 448, 32, seed=7)  # 37 rows: a partial block of 8 and of 16 rows
     native = kk.pack_weight(q)
     y_native = kk.compiled_c(x, native)
     monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -march=haswell -fopenmp")
@@ -60,7 +70,7 @@ def test_an_avx2_build_gives_the_same_product(monkeypatch):
     assert ok and how.endswith("8 float lanes"), how
     avx2 = kk.pack_weight(q)
     assert close(kk.compiled_c(x, avx2), exact(x, q), 448) and close(y_native, exact(x, q), 448)
-    if native.words.shape[2] != 8:  # a weight laid out for the other build is refused, never misread
+    if native.lanes.lanes != 8:  # a weight laid out for the other build is refused, never misread
         with pytest.raises(RuntimeError, match="laid out for 16 lanes, rung 6 is built here for 8"):
             kk.compiled_c(x, native)
 
