@@ -7,15 +7,17 @@
    writes the layout once per weight (as torch lays out its int4pack weight):
 
        words  uint32 [ceil(N / LANES), K / 8, LANES]: block b, word j, lane l holds the 8 nibbles of row
-              b LANES + l, inputs 8j .. 8j+7 (nibble t, bits 4t..4t+3 = code + 8 of input 8j + t)
-       scale  float32 [ceil(N / LANES), G, LANES]: scale[n, g] of row b LANES + l
+              b * LANES + l, inputs 8j .. 8j+7 (nibble t, bits 4t..4t+3 = code + 8 of input 8j + t)
+       scale  float32 [ceil(N / LANES), G, LANES]: scale[n, g] of row n = b * LANES + l
        offset float32 [ceil(N / LANES), G, LANES]: scale * (24 + zero) of the same row and group
 
    A nibble becomes a float without a conversion instruction: ORed into the fraction bits of 1.0f it reads
    as f = 1 + nibble / 16 (the bit trick of GPU kernels such as FasterTransformer's and Marlin), and
 
-       sum_k nibble_k x_k = 16 sum_k f_k x_k - 16 sum_k x_k, so with code = nibble - 8:
-       y[m, n] = sum_g 16 scale[n, g] sum_{k in g} f_k x[m, k]  -  sum_g offset[n, g] x_sums[m, g]
+       sum_k nibble_k x_k = 16 sum_k f_k x_k - 16 sum_k x_k, and with w = (code - zero) scale, code = nibble - 8:
+       y[m, n] = sum_g scale (sum_{k in g} nibble_k x_k - (8 + zero) x_sums[m, g])
+               = sum_g 16 scale[n, g] sum_{k in g} f_k x[m, k]  -  sum_g offset[n, g] x_sums[m, g]
+       with offset = scale (24 + zero): 24 = 8 (the nibble's offset) + 16 (the 1 in f, times 16)
 
    A group holds a whole number of words (group length a multiple of 8: kernels.py refuses others). Row
    blocks are shared out over `threads` OpenMP threads; without OpenMP the pragma is ignored and one thread
@@ -38,7 +40,8 @@ static words_v load_words(const uint32_t *p) { words_v v; memcpy(&v, p, sizeof v
 static floats_v load_floats(const float *p) { floats_v v; memcpy(&v, p, sizeof v); return v; }
 
 /* nibble t of each lane (0..15) as the float 1 + nibble / 16: moved to the top 4 of the 23 fraction bits
-   (19..22) and ORed into the bit pattern of 1.0f (0x3F800000) */
+   (19..22) and ORed into the bit pattern of 1.0f (0x3F800000). Nibble 5: 0x3F800000 | 5 << 19 = 0x3FA80000,
+   the float 1.3125 = 1 + 5/16 (each fraction bit 19..22 is worth 1/16, 1/8, 1/4, 1/2). */
 static inline floats_v one_plus_sixteenth(words_v w, int t) {
     words_v at19 = t < 5 ? w << (19 - 4 * t) : w >> (4 * t - 19);
     words_v bits = (at19 & (15u << 19)) | 0x3F800000u;

@@ -16,7 +16,7 @@
                    of nibble * x (low and high nibbles apart, each in its own SIMD register), then the scale
                    and zero point applied once: fewer float operations per weight
     5 integer      activations quantized to int8 per block of 32 (llama.cpp's Q8_0), int4 x int8 products
-                   summed in integers, one float multiply per block; approximate (x is rounded)
+                   summed in integers, one float step per block; approximate (x is rounded)
     6 C            plain C (int4_gemv.c) built by this machine's compiler for its own CPU, on a layout with
                    output rows in the SIMD lanes: a broadcast x[k] meets 8 or 16 rows' codes at once, a shift
                    and a mask give the codes, a bit trick turns them into floats, nothing is summed across
@@ -81,8 +81,9 @@ class Int4Weight:
 
 
 def pack_weight(q: QTensor) -> Int4Weight:
-    """Lay a 4-bit QTensor out for the kernels (see Int4Weight). ValueError for other bits or an odd group
-    length (a group would end in the middle of a byte)."""
+    """Lay a 4-bit QTensor out for the kernels (see Int4Weight; rung 6's layout too, which builds int4_gemv.c
+    on the first call where a C compiler is). ValueError for other bits or an odd group length (a group would
+    end in the middle of a byte)."""
     check_type("q", q, QTensor, "a labkit.quant.QTensor")
     n, k = q.shape
     if q.bits != 4:
@@ -196,7 +197,7 @@ def quantize_activations(x: torch.Tensor, block: int) -> tuple[torch.Tensor, tor
 @_ladder_rung
 def integer_dot(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """Rung 5: x quantized to int8 per block, int4 x int8 sums in integers, scaled once per block
-    (kernels_jit.integer). Approximate: x's rounding adds a relative error of about 1/254 per block."""
+    (kernels_jit.integer). Approximate: each x is rounded by up to 1/254 of its block's largest |x|."""
     xq, x_scale = quantize_activations(x, x_block(w.group_len))
     xq_np = xq.numpy()
     xq_even, xq_odd = _split(xq_np)
@@ -212,7 +213,10 @@ def compiled_c(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     Thread count: torch's (set it with threads(n)). RuntimeError where no C compiler built it
     (kernels_c.available)."""
     if w.lanes is None and kernels_c.available()[0]:
-        fail("w", w, "groups of a multiple of 8 inputs for rung 6 (it reads a row's codes 8 at a time, from one group)")
+        if w.group_len % 8:
+            fail("w", w, "groups of a multiple of 8 inputs for rung 6 (it reads a row's codes 8 at a time, from one "
+                         "group)")
+        raise RuntimeError("w was laid out while rung 6 was not built here: lay it out again with kernels.pack_weight")
     x_np = x.numpy()
     x_sums = x_np.reshape(x_np.shape[0], -1, w.group_len).sum(-1, dtype=np.float32)  # [M, G]
     y = np.empty((x.shape[0], w.shape[0]), np.float32)

@@ -102,3 +102,15 @@ def test_a_compiler_that_fails_gives_its_complaint(monkeypatch, tmp_path):
 def test_switched_off(monkeypatch):
     monkeypatch.setenv("LABKIT_C", "0")
     assert kc.available() == (False, "LABKIT_C=0 switches rung 6 off")
+
+
+@needs_c
+def test_a_weight_laid_out_without_rung_6_is_refused_once_it_is_built(monkeypatch):
+    q, x = layer(8, 64, 32)
+    monkeypatch.setenv("LABKIT_C", "0")
+    w = kk.pack_weight(q)
+    assert w.lanes is None
+    monkeypatch.delenv("LABKIT_C")
+    with pytest.raises(RuntimeError, match="laid out while rung 6 was not built here: lay it out again"):
+        kk.compiled_c(x, w)
+    assert close(kk.compiled_c(x, kk.pack_weight(q)), exact(x, q), 64)
