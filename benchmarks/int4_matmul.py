@@ -14,9 +14,9 @@ and the memory roofs (torch's sum over 256 MiB on all threads and on one), all t
 run" when the machine was too busy. Also times the reference path (tiled dequantize-multiply-accumulate).
 
 Issue 30, the kernel ladder (labkit.quant.kernels, timed by labkit.quant.kernels_speed.measure_ladder in the
-same run): rungs 1-6 (rung 6: C built here by the machine's compiler, where there is one) and torch's INT4 kernel, batch 1, on 4096x4096 (8 matrices cycled) and 4096x14336
-(N = 4096 outputs, K = 14336 inputs, as ggml's MUL_MAT perf case; 3 matrices cycled), on 1 and 2 threads,
-each beside the roof of its thread count. Goals: the best rung at least as fast as torch's INT4 kernel and at
+same run): rungs 1-6 (rung 6: C built here by the machine's compiler, where there is one) and torch's INT4
+kernel, batch 1, on 4096x4096 (8 matrices cycled) and 4096x14336 (N = 4096 outputs, K = 14336 inputs, as
+ggml's MUL_MAT perf case; 3 matrices cycled), on 1 and 2 threads, each beside the roof of its thread count. Goals: the best rung at least as fast as torch's INT4 kernel and at
 least 70% of the measured roof; its GFLOP/s beside llama.cpp's Q4_0 / Q4_K (shared/FACTS.md, ggml built
 here on 2026-12-01, 4096x14336 batch 1, 2 threads).
 

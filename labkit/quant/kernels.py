@@ -23,8 +23,9 @@
                    lanes; OpenMP threads over blocks of rows. Only where a C compiler is (kernels_c), for groups
                    of a multiple of 8 inputs
 
-RUNGS lists them in order (name -> function). The loops are in kernels_jit.py and int4_gemv.c. with_rung(model, name) runs
-every QuantLinear of a quantized TinyLM through one rung (notebook 03 measures rung 5's error that way).
+RUNGS lists them in order (name -> function). The loops are in kernels_jit.py and int4_gemv.c.
+with_rung(model, name) runs every QuantLinear of a quantized TinyLM through one rung (notebook 03 measures rung
+5's error that way).
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ def _ladder_rung(body: Callable[[torch.Tensor, Int4Weight], torch.Tensor]):
     return rung
 
 
+def _group_sums(x: np.ndarray, group_len: int) -> np.ndarray:
+    """x [M, K] summed over each group of inputs: float32 [M, K / group_len] (rungs 4 and 6 apply the zero
+    points through these)."""
+    return x.reshape(x.shape[0], -1, group_len).sum(-1, dtype=np.float32)
+
+
 def _split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x [M, K] -> (x[:, 0::2], x[:, 1::2]), each contiguous [M, K/2]."""
     return np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
@@ -169,9 +176,8 @@ def blocked(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     Thread count: numba's (set it with threads(n))."""
     x_np = x.numpy()
     x_even, x_odd = _split(x_np)
-    x_sums = x_np.reshape(x_np.shape[0], -1, w.group_len).sum(-1, dtype=np.float32)  # [M, G]
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    jit.blocked(x_even, x_odd, x_sums, w.packed, w.scale, w.zero, ROWS_PER_TASK, y)
+    jit.blocked(x_even, x_odd, _group_sums(x_np, w.group_len), w.packed, w.scale, w.zero, ROWS_PER_TASK, y)
     return torch.from_numpy(y)
 
 
@@ -218,9 +224,8 @@ def compiled_c(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
                          "group)")
         raise RuntimeError("w was laid out while rung 6 was not built here: lay it out again with kernels.pack_weight")
     x_np = x.numpy()
-    x_sums = x_np.reshape(x_np.shape[0], -1, w.group_len).sum(-1, dtype=np.float32)  # [M, G]
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    kernels_c.gemv(x_np, x_sums, w.lanes, w.shape[0], torch.get_num_threads(), y)
+    kernels_c.gemv(x_np, _group_sums(x_np, w.group_len), w.lanes, w.shape[0], torch.get_num_threads(), y)
     return torch.from_numpy(y)
 
 

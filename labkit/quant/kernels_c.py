@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import fail
+
 SOURCE = Path(__file__).with_name("int4_gemv.c")
 FLAGS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3",))
 _f32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
@@ -184,6 +186,18 @@ def gemv(x: np.ndarray, x_sums: np.ndarray, layout: LaneLayout, n_rows: int, thr
     if layout.lanes != dll.int4_gemv_lanes():  # laid out before LABKIT_CFLAGS changed the build
         raise RuntimeError(f"the weight is laid out for {layout.lanes} lanes, rung 6 is built here for "
                            f"{dll.int4_gemv_lanes()}: lay it out again with kernels.pack_weight")
+    if x.ndim != 2 or x_sums.ndim != 2:
+        fail("x", (tuple(x.shape), tuple(x_sums.shape)), "x [M, K] and x_sums [M, G]")
     m_rows, k = x.shape
     groups = x_sums.shape[1]
+    blocks = -(-n_rows // layout.lanes)
+    expected = {"x_sums": ((m_rows, groups), x_sums.shape), "y": ((m_rows, n_rows), y.shape),
+                "layout.words": ((blocks, k // 8, layout.lanes), layout.words.shape),
+                "layout.scale": ((blocks, groups, layout.lanes), layout.scale.shape),
+                "layout.offset": ((blocks, groups, layout.lanes), layout.offset.shape)}
+    if groups < 1 or k % groups or (k // groups) % 8:
+        fail("x_sums", tuple(x_sums.shape), f"[M, G] with groups of a multiple of 8 of x's {k} inputs")
+    for name, (want, got) in expected.items():  # the C loop trusts every shape: a wrong one would read past ends
+        if tuple(got) != want:
+            fail(name, tuple(got), f"shape {want} for x {tuple(x.shape)}")
     dll.int4_gemv(x, x_sums, layout.words, layout.scale, layout.offset, m_rows, n_rows, k, groups, threads, y)

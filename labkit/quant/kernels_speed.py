@@ -139,7 +139,11 @@ def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int
     check_type("threads", threads, tuple, "a tuple of thread counts")
     for t in threads:
         kernels.threads(t)  # refuses counts this machine cannot run
-    missing = {name: why for name in kernels.RUNGS for ok, why in [kernels.available(name)] if not ok}
+    missing = {}  # rung -> why it cannot run here
+    for name in kernels.RUNGS:
+        ok, why = kernels.available(name)
+        if not ok:
+            missing[name] = why
     gen = torch.Generator().manual_seed(0)
     qs = [quantize(torch.randn(n, k, generator=gen) * 0.02, 4, "asym", group_size) for _ in range(matrices)]
     x = torch.randn(1, k, generator=gen)

@@ -114,3 +114,22 @@ def test_a_weight_laid_out_without_rung_6_is_refused_once_it_is_built(monkeypatc
     with pytest.raises(RuntimeError, match="laid out while rung 6 was not built here: lay it out again"):
         kk.compiled_c(x, w)
     assert close(kk.compiled_c(x, kk.pack_weight(q)), exact(x, q), 64)
+
+
+@needs_c
+def test_gemv_refuses_shapes_that_do_not_fit_the_layout():
+    q, x = layer(20, 64, 32)
+    w = kk.pack_weight(q)
+    x_np = x.numpy()
+    sums = x_np.reshape(1, -1, 32).sum(-1, dtype=np.float32)
+    y = np.empty((1, 20), np.float32)
+    with pytest.raises(ValueError, match=r"layout.words must be shape \(\d+, 12, \d+\)"):
+        kc.gemv(np.zeros((1, 96), np.float32), np.zeros((1, 3), np.float32), w.lanes, 20, 1, y)  # K 96, laid out 64
+    with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
+        kc.gemv(x_np, sums, w.lanes, 20, 1, np.empty((1, 19), np.float32))
+    with pytest.raises(ValueError, match="groups of a multiple of 8"):
+        kc.gemv(x_np, np.zeros((1, 5), np.float32), w.lanes, 20, 1, y)
+    with pytest.raises(ValueError, match=r"x \[M, K\] and x_sums \[M, G\]"):
+        kc.gemv(x_np[0], sums, w.lanes, 20, 1, y)
+    kc.gemv(x_np, sums, w.lanes, 20, 1, y)  # still usable
+    assert close(torch.from_numpy(y), exact(x, q), 64)
