@@ -48,6 +48,7 @@ import torch
 from .._checks import check_bool, check_positive, check_positive_int, check_type, fail
 from ..course import evidence, timing
 from ..tinylm import KVCache, TinyLM, corpus
+from ..tinylm.model import compile_blocks_apart
 from .graph import check_inputs
 
 
@@ -213,6 +214,7 @@ def compare_compile(model: TinyLM, prompt_tokens: int = 16, new_tokens: int = 48
         return _eager_only(loops["eager"], reason, base)
     from torch._inductor import metrics
     reference = loops["eager"]()
+    compile_blocks_apart()
     torch._dynamo.reset()
     try:
         graphs, breaks = _explain(model, prompt)

@@ -34,6 +34,34 @@ def task_batch(tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, mask
 
 
+def length_groups(lengths: list[int]) -> list[list[int]]:
+    """The indices of a batch in at most two groups by length, split where the padded token count (each group's
+    size times its longest) is smallest: a replay batch's two or three long recall lines (up to 199 tokens) no
+    longer pad thirteen short ones (10-50 tokens) to their length, about 2.5x fewer tokens per step."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    s = [lengths[i] for i in order]
+    n = len(s)
+    cut = min(range(n, 0, -1), key=lambda c: c * s[c - 1] + (n - c) * s[-1])  # c = n: one group; ties keep it
+    return [order[:cut], order[cut:]] if cut < n else [order]
+
+
+def accumulate_gradients(model, tasks: list[Task]) -> float:
+    """Backward of lm_loss on task_batch(tasks) (the mean over the answer tokens), run on length_groups(tasks)
+    one group at a time: the gradients are the padded batch's, because attention is causal and right padding
+    never changes an earlier position (tests/finetune/test_train.py compares them). Adds to .grad; returns the
+    loss."""
+    tok = ByteTokenizer()
+    groups = length_groups([len(tok.encode(t.prompt + t.answer)) + 1 for t in tasks])
+    batches = [task_batch([tasks[i] for i in g]) for g in groups]
+    answers = sum(int(mask.sum()) for _, mask in batches)
+    total = 0.0
+    for tokens, mask in batches:
+        part = lm_loss(model, tokens, mask) * (int(mask.sum()) / answers)
+        part.backward()
+        total += float(part.detach())
+    return total
+
+
 def training_tasks(new_kind: str = "first", n: int = 2000, replay: float = 0.0, seed: int = 0) -> list[Task]:
     """`n` tasks of the new kind (train split) and, for `replay` r in [0, 1), TinyLM's own tasks (train split, the
     same number of each kind) making a share r of the list: fine-tuning that keeps seeing the old tasks forgets
@@ -77,8 +105,9 @@ class FinetuneRun:
 
 def fine_tune(model, tasks: list[Task], steps: int = 60, batch_size: int = 32, lr: float = 3e-3,
               seed: int = 0, method: str = "") -> FinetuneRun:
-    """AdamW on the answers of `tasks` (batches of `batch_size` drawn in a fixed order from `seed`) for `steps`
-    steps, training the parameters that require a gradient. Returns a FinetuneRun."""
+    """AdamW on the answers of `tasks` (batches of `batch_size` drawn in a fixed order from `seed`, each run in
+    two length groups by accumulate_gradients) for `steps` steps, training the parameters that require a
+    gradient. Returns a FinetuneRun."""
     check_tinylm(model)
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)
@@ -93,12 +122,9 @@ def fine_tune(model, tasks: list[Task], steps: int = 60, batch_size: int = 32, l
     t0 = time.perf_counter()
     for _ in range(steps):
         idx = torch.randint(0, len(tasks), (batch_size,), generator=g).tolist()
-        tokens, mask = task_batch([tasks[i] for i in idx])
-        loss = lm_loss(model, tokens, mask)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        run.losses.append(accumulate_gradients(model, [tasks[i] for i in idx]))
         opt.step()
-        run.losses.append(float(loss.detach()))
     run.seconds = time.perf_counter() - t0
     model.eval()
     return run
@@ -112,4 +138,4 @@ def evaluate(model, new_kind: str = "first", n: int = 200, n_old: int = 100, see
     return task_accuracy(model, tasks)
 
 
-__all__ = ["BASE_DTYPES", "METHODS", "task_batch", "training_tasks", "make_model", "FinetuneRun", "fine_tune", "evaluate"]
+__all__ = ["BASE_DTYPES", "METHODS", "task_batch", "length_groups", "accumulate_gradients", "training_tasks", "make_model", "FinetuneRun", "fine_tune", "evaluate"]

@@ -7,24 +7,25 @@ against it (notebook 04, section 3). The plan is read from TinyLM's table of lin
 from __future__ import annotations
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ..tinylm import TinyLM, TinyLMConfig, linear_layers
 from .distributed import Pool, shared_pool
 from .tensor import rebuild_model, tp_inputs
 
-STYLES = {"column": ColwiseParallel, "row": RowwiseParallel}
-
 
 def dtensor_plan(cfg: TinyLMConfig) -> dict:
     """{module path: ColwiseParallel() or RowwiseParallel()} for every attention and MLP matrix."""
-    return {e.path: STYLES[e.tp_style]() for e in linear_layers(cfg) if e.tp_style in STYLES}
+    # imported here: torch.distributed.tensor takes 0.5 s, which every process importing labkit.parallel paid
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    styles = {"column": ColwiseParallel, "row": RowwiseParallel}
+    return {e.path: styles[e.tp_style]() for e in linear_layers(cfg) if e.tp_style in styles}
 
 
 @torch.no_grad()
 def dtensor_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, tokens: torch.Tensor) -> torch.Tensor:
     """One rank of dtensor_logits: TinyLM parallelized by DTensor, its logits for `tokens`."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
     model = rebuild_model(cfg, state)
     mesh = init_device_mesh("cpu", (world,))
     parallelize_module(model, mesh, dtensor_plan(cfg))

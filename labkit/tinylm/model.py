@@ -137,9 +137,6 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# torch.compile skips this frame only (recursive=False): each block stays its own graph, as when forward held
-# the loop (labkit.cluster.compiled and notebook 08 count 6 graphs and 5 breaks per decode step)
-@torch.compiler.disable(recursive=False)
 def run_blocks(layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None, start: int = 0,
                first: int = 0, last: int | None = None) -> torch.Tensor:
     """The residual stream x [B, T, d_model] through blocks layers[first:last] (default: all), block i writing
@@ -149,6 +146,16 @@ def run_blocks(layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
     for i in range(first, len(layers) if last is None else last):
         x = layers[i](x, cos, sin, cache, i, start)
     return x
+
+
+def compile_blocks_apart() -> None:
+    """Have torch.compile skip run_blocks' own frame (torch.compiler.disable, recursive=False) so that each block
+    stays its own graph, as when forward held the loop: labkit.cluster.compiled calls this before it compiles,
+    and it and notebook 08 count 6 graphs and 5 breaks per decode step. Not done at import: the decorator
+    imports torch._dynamo, 1.2 s of every process's start (each replica, engine process and rank)."""
+    global run_blocks
+    if not getattr(run_blocks, "_torchdynamo_disable", False):
+        run_blocks = torch.compiler.disable(run_blocks, recursive=False)  # TinyLM.forward calls it by this name
 
 
 class TinyLM(nn.Module):

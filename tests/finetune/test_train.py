@@ -1,8 +1,10 @@
 """The new task and the fine-tuning loop: answers are right, the splits never share a word, batches mask exactly
 the answer, a few steps of LoRA lower the loss on a small model, and bad input is refused."""
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from labkit.finetune import train
+from labkit.finetune import memory, train
 from labkit.tinylm import ByteTokenizer, TinyLM, TinyLMConfig, corpus
 from tests.refusals import assert_refused
 
@@ -52,3 +54,35 @@ def test_training_tasks_mix_in_the_old_tasks_at_the_share_asked():
     assert {t.prompt for t in tasks if t.kind == "copy"} <= {t.prompt for t in corpus.make_tasks("copy", 20, "train", 2)}
     for bad in (1.0, -0.1, float("nan")):
         assert_refused(lambda: train.training_tasks(replay=bad), ValueError, "replay", bad, "[0, 1)")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=24))
+def test_length_groups_split_where_the_padded_tokens_are_fewest(lengths):
+    groups = train.length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths))) and 1 <= len(groups) <= 2
+    assert all(g for g in groups) and (len(groups) == 1 or max(lengths[i] for i in groups[0]) <= min(lengths[i] for i in groups[1]))
+
+    def padded(parts):
+        return sum(len(p) * max(lengths[i] for i in p) for p in parts)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    best = min(padded([order[:c], order[c:]] if c < len(order) else [order]) for c in range(1, len(order) + 1))
+    assert padded(groups) == best  # brute force over every cut of the sorted batch
+    assert padded(groups) <= len(lengths) * max(lengths)
+
+
+def test_grouped_gradients_are_the_padded_batchs():
+    torch.manual_seed(0)
+    model = TinyLM(TinyLMConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=256)).double()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    tasks = train.training_tasks(n=12, replay=0.5, seed=1)[::2]  # short "first" lines and long recall ones
+    assert len(train.length_groups([len(t.prompt) + len(t.answer) + 1 for t in tasks])) == 2
+    loss = train.accumulate_gradients(model, tasks)
+    grouped = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    tokens, mask = train.task_batch(tasks)
+    padded = memory.lm_loss(model, tokens, mask)
+    padded.backward()
+    assert abs(loss - padded.item()) < 1e-12
+    assert all(torch.allclose(g, p.grad, rtol=1e-10, atol=1e-13) for g, p in zip(grouped, model.parameters()))
