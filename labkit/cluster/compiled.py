@@ -47,8 +47,7 @@ import torch
 
 from .._checks import check_bool, check_positive, check_positive_int, check_type, fail
 from ..course import evidence, timing
-from ..tinylm import KVCache, TinyLM, corpus
-from ..tinylm.model import compile_blocks_apart
+from ..tinylm import KVCache, TinyLM, compile_blocks_apart, corpus
 from .graph import check_inputs
 
 

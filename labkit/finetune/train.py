@@ -138,4 +138,5 @@ def evaluate(model, new_kind: str = "first", n: int = 200, n_old: int = 100, see
     return task_accuracy(model, tasks)
 
 
-__all__ = ["BASE_DTYPES", "METHODS", "task_batch", "length_groups", "accumulate_gradients", "training_tasks", "make_model", "FinetuneRun", "fine_tune", "evaluate"]
+__all__ = ["BASE_DTYPES", "METHODS", "task_batch", "length_groups", "accumulate_gradients", "training_tasks",
+           "make_model", "FinetuneRun", "fine_tune", "evaluate"]

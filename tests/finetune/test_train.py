@@ -61,12 +61,14 @@ def test_training_tasks_mix_in_the_old_tasks_at_the_share_asked():
 def test_length_groups_split_where_the_padded_tokens_are_fewest(lengths):
     groups = train.length_groups(lengths)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths))) and 1 <= len(groups) <= 2
-    assert all(g for g in groups) and (len(groups) == 1 or max(lengths[i] for i in groups[0]) <= min(lengths[i] for i in groups[1]))
+    assert all(g for g in groups)
+    assert len(groups) == 1 or max(lengths[i] for i in groups[0]) <= min(lengths[i] for i in groups[1])
 
     def padded(parts):
         return sum(len(p) * max(lengths[i] for i in p) for p in parts)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    best = min(padded([order[:c], order[c:]] if c < len(order) else [order]) for c in range(1, len(order) + 1))
+    best = min(padded([order[:c], order[c:]] if c < len(order) else [order])
+               for c in range(1, len(order) + 1))
     assert padded(groups) == best  # brute force over every cut of the sorted batch
     assert padded(groups) <= len(lengths) * max(lengths)
 
