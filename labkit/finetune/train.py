@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._checks import check_choice, check_number, check_positive_int, fail
+from .._checks import check_choice, check_number, check_positive_int, fail, is_int
 from ..tinylm import TASK_KINDS, ByteTokenizer, Task, check_tinylm, corpus, make_tasks, task_accuracy
 from .lora import BASE_DTYPES, add_lora, trainable_params
 from .memory import lm_loss
@@ -18,13 +18,18 @@ METHODS = {"full": None, "lora": "fp32", "lora-bf16": "bf16", "qlora": "nf4", "q
 """Method name -> the frozen base's dtype (None: every parameter trains)."""
 
 
-def task_batch(tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens [B, T] (prompt + answer + "\\n", right-padded with "\\n") and mask [B, T - 1]: True where the
-    target token is part of the answer (its "\\n" included): the loss is taken there only."""
+def _encoded(tasks: list[Task]) -> list[tuple[list[int], list[int]]]:
+    """(prompt tokens, answer + "\\n" tokens) of each task; refuses anything but a non-empty list of Task."""
     if not isinstance(tasks, (list, tuple)) or not tasks or not all(isinstance(t, Task) for t in tasks):
         fail("tasks", tasks, "a non-empty list of labkit.tinylm.Task")
     tok = ByteTokenizer()
-    seqs = [(tok.encode(t.prompt), tok.encode(t.answer + "\n")) for t in tasks]
+    return [(tok.encode(t.prompt), tok.encode(t.answer + "\n")) for t in tasks]
+
+
+def task_batch(tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [B, T] (prompt + answer + "\\n", right-padded with "\\n") and mask [B, T - 1]: True where the
+    target token is part of the answer (its "\\n" included): the loss is taken there only."""
+    seqs = _encoded(tasks)
     T = max(len(p) + len(a) for p, a in seqs)
     tokens = torch.full((len(tasks), T), 10, dtype=torch.long)
     mask = torch.zeros(len(tasks), T - 1, dtype=torch.bool)
@@ -37,7 +42,10 @@ def task_batch(tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
 def length_groups(lengths: list[int]) -> list[list[int]]:
     """The indices of a batch in at most two groups by length, split where the padded token count (each group's
     size times its longest) is smallest: a replay batch's two or three long recall lines (up to 199 tokens) no
-    longer pad thirteen short ones (10-50 tokens) to their length, about 2.5x fewer tokens per step."""
+    longer pad thirteen short ones (10-50 tokens) to their length (half the time per step: RESULTS.md).
+    `lengths`: a non-empty list of positive ints (tokens per line)."""
+    if not isinstance(lengths, (list, tuple)) or not lengths or not all(is_int(n) and n > 0 for n in lengths):
+        fail("lengths", lengths, "a non-empty list of positive ints (tokens per line)")
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     s = [lengths[i] for i in order]
     n = len(s)
@@ -50,8 +58,8 @@ def accumulate_gradients(model, tasks: list[Task]) -> float:
     one group at a time: the gradients are the padded batch's, because attention is causal and right padding
     never changes an earlier position (tests/finetune/test_train.py compares them). Adds to .grad; returns the
     loss."""
-    tok = ByteTokenizer()
-    groups = length_groups([len(tok.encode(t.prompt + t.answer)) + 1 for t in tasks])
+    check_tinylm(model)
+    groups = length_groups([len(p) + len(a) for p, a in _encoded(tasks)])
     batches = [task_batch([tasks[i] for i in g]) for g in groups]
     answers = sum(int(mask.sum()) for _, mask in batches)
     total = 0.0

@@ -1,5 +1,6 @@
 """The new task and the fine-tuning loop: answers are right, the splits never share a word, batches mask exactly
 the answer, a few steps of LoRA lower the loss on a small model, and bad input is refused."""
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,7 +71,6 @@ def test_length_groups_split_where_the_padded_tokens_are_fewest(lengths):
     best = min(padded([order[:c], order[c:]] if c < len(order) else [order])
                for c in range(1, len(order) + 1))
     assert padded(groups) == best  # brute force over every cut of the sorted batch
-    assert padded(groups) <= len(lengths) * max(lengths)
 
 
 def test_grouped_gradients_are_the_padded_batchs():
@@ -88,3 +88,8 @@ def test_grouped_gradients_are_the_padded_batchs():
     padded.backward()
     assert abs(loss - padded.item()) < 1e-12
     assert all(torch.allclose(g, p.grad, rtol=1e-10, atol=1e-13) for g, p in zip(grouped, model.parameters()))
+    for bad in ([], [3, 0], [2.5], "16"):
+        assert_refused(lambda: train.length_groups(bad), ValueError, "lengths", bad, "positive ints")
+    assert_refused(lambda: train.accumulate_gradients(model, []), ValueError, "tasks", [], "non-empty list")
+    with pytest.raises(TypeError, match="model must be a TinyLM .*, got str"):
+        train.accumulate_gradients("model", tasks)
