@@ -21,7 +21,7 @@ import hashlib
 import itertools
 import time
 from collections import deque
-from typing import Callable, Iterable, Sequence as Seq
+from typing import Callable, Iterable, Iterator, Sequence as Seq
 
 import torch
 
@@ -258,16 +258,15 @@ class Engine:
             raise
         return [self.requests[i].output for i in ids]
 
-    def run(self, trace, params: SamplingParams | None = None, progress: Callable | None = None) -> list[Sequence]:
+    def replay(self, trace, params: SamplingParams | None = None) -> Iterator[list[StepOutput]]:
         """Replay `trace` (objects with request_id, arrival, prompt, max_tokens and priority: labkit.serving.
-        workload.TraceRequest) on an offline clock: each request is added once the clock reaches its arrival,
-        idle time is skipped. `params` (default greedy) gives every other sampling field. The finished
-        requests, in trace order."""
+        workload.TraceRequest) on an offline clock, one step per next(): each request is added once the clock
+        reaches its arrival, idle time is skipped; each next() returns that step's outputs. `params` (default
+        greedy) gives every other sampling field. The trace is checked here, before any step. run() drives it to
+        the end; benchmarks/serving_batching.py drives several engines' replays in turns, on one thread."""
         if self.clock == "wall":
             fail("clock", "wall", 'an offline clock ("measured" or a StepCost) to replay a trace')
         base = SamplingParams(temperature=0) if params is None else check_type("params", params, SamplingParams)
-        if progress is not None and not callable(progress):
-            fail("progress", progress, "a function progress(engine), called after every step, or None", TypeError)
         trace = list(trace)
         fields = ("request_id", "arrival", "prompt", "max_tokens", "priority")
         for i, r in enumerate(trace):
@@ -277,7 +276,9 @@ class Engine:
         taken = [i for i in ids if i in self.requests] + [i for n, i in enumerate(ids) if i in ids[:n]]
         if taken:
             fail("trace", f"request id {taken[0]!r} twice (or already in this engine)", "distinct new request ids")
-        pending = sorted(trace, key=lambda r: r.arrival)
+        return self._replay(sorted(trace, key=lambda r: r.arrival), base)
+
+    def _replay(self, pending: list, base: SamplingParams) -> Iterator[list[StepOutput]]:
         while pending or self.has_unfinished():
             if not self.has_unfinished() and pending[0].arrival > self.now:
                 self.advance_to(pending[0].arrival)
@@ -285,10 +286,18 @@ class Engine:
                 r = pending.pop(0)
                 sp = SamplingParams(**{**base.__dict__, "max_tokens": r.max_tokens})
                 self.add_request(list(r.prompt), sp, r.request_id, r.priority, r.arrival)
-            self.step()
+            yield self.step()
+
+    def run(self, trace, params: SamplingParams | None = None, progress: Callable | None = None) -> list[Sequence]:
+        """replay(trace, params) to the end, calling progress(engine) after every step; the finished requests,
+        in trace order."""
+        if progress is not None and not callable(progress):
+            fail("progress", progress, "a function progress(engine), called after every step, or None", TypeError)
+        trace = list(trace)
+        for _ in self.replay(trace, params):
             if progress is not None:
                 progress(self)
-        return [self.requests[i] for i in ids]
+        return [self.requests[r.request_id] for r in trace]
 
     def stats(self) -> dict:
         """What /metrics reports: queue lengths, KV usage, prefix-cache tokens, preemptions, totals."""

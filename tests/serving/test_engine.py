@@ -184,8 +184,30 @@ def test_a_bad_trace_is_refused_before_anything_runs(model, prompts):
     with pytest.raises(TypeError, match="runner must be a model runner"):
         Engine(runner=object())
     assert_refused(lambda: engine.run([], progress="print"), TypeError, "progress", "print", "a function")
+    assert_refused(lambda: engine.replay(trace), ValueError, "trace",  # on the call, not at the first step
+                   "request id 'a' twice (or already in this engine)", "distinct new request ids")
     assert_refused(lambda: StepCost(overhead=-1.0), ValueError, "overhead", -1.0, "a non-negative finite number")
     assert_refused(lambda: StepCost(per_token=float("nan")), ValueError, "per_token", float("nan"), "non-negative")
+
+
+def test_replays_stepped_in_turns_give_what_each_gives_alone(model, prompts, alone):
+    """Engine.replay, one step per next(), as benchmarks/serving_batching.py drives two policies in turns on one
+    thread: each engine's outputs and step count are those of its own run()."""
+    trace = [Req(f"r{i}", 0.3 * i, p, GREEDY.max_tokens, 0) for i, p in enumerate(prompts)]
+    engines = {p: Engine(model, policy=p, max_num_seqs=4, clock=StepCost()) for p in ("static", "continuous")}
+    steps = {p: e.replay(trace) for p, e in engines.items()}
+    turns = []
+    while steps:
+        p = min(steps, key=lambda p: engines[p].steps)  # the one behind goes next
+        if next(steps[p], None) is None:
+            del steps[p]
+        else:
+            turns.append(p)
+    assert turns[:4] == ["static", "continuous"] * 2
+    for p, engine in engines.items():
+        single = Engine(model, policy=p, max_num_seqs=4, clock=StepCost())
+        assert [s.output for s in single.run(trace)] == [engine.requests[r.request_id].output for r in trace] == alone
+        assert single.steps == engine.steps and single.now == engine.now
 
 
 def test_generate_is_all_or_nothing(model, prompts):
