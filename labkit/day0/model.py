@@ -6,7 +6,7 @@ a TinyLM decoder with one operator the earlier labs' runtime lacks (QK-norm).
     -> linear_1 -> GELU -> linear_2                                                    (multi_modal_projector)
     -> one d_model vector per patch, written over the image placeholder tokens' embeddings
     tokens [image x 16, "c", "o", "l", ...] -> TinyLM blocks whose attention RMS-normalises each head's q and k
-    before RoPE (Qwen3; Dehghani et al. 2023)  -> logits                     (language_model)
+    before RoPE (Qwen3; Henry et al. 2020)     -> logits                     (language_model)
 
 Which function computes QK-norm comes from an operator table (labkit.day0.operators): a runtime without the
 operator refuses the model by name instead of running it wrongly.

@@ -26,7 +26,7 @@ class UnsupportedOperatorError(NotImplementedError):
 
 def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """QK-norm: each head's vector x[..., :] (queries or keys [B, H, T, head_dim]) divided by its root mean
-    square over head_dim, times `weight` [head_dim] (Dehghani et al. 2023; Qwen3's q_norm / k_norm):
+    square over head_dim, times `weight` [head_dim] (Henry et al. 2020; Qwen3's q_norm / k_norm):
     x / sqrt(mean(x^2) + eps) * weight, computed in FP32 and returned in x's dtype (as Hugging Face's Qwen3
     RMSNorm does, so BF16 weights lose nothing in the mean of squares)."""
     xf = x.float()
