@@ -119,10 +119,11 @@ def post(url: str, body: dict, timeout: float = 10.0) -> tuple[int, dict]:
 def event_rows(events: list[dict], t0: float) -> list[dict]:
     """The router's registry events (GET /replicas' "events": time, kind, id, detail) as table rows in time
     order, times in seconds since `t0` (time.monotonic() in this process: the router's registry clock is the
-    same CLOCK_MONOTONIC on one machine), details cut at 60 characters."""
+    same CLOCK_MONOTONIC on one machine), details at most 60 characters, cut after a whole word (" ...")."""
     check_type("events", events, list, "a list of event dicts (GET /replicas' events)")
     check_type("t0", t0, (int, float), "seconds on time.monotonic()")
-    return [{"t s": e["time"] - t0, "event": e["kind"], "replica": e["id"], "detail": e["detail"][:60]}
+    return [{"t s": e["time"] - t0, "event": e["kind"], "replica": e["id"],
+             "detail": display.clip(e["detail"], 60)}
             for e in sorted(events, key=lambda e: e["time"])]
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import openai
 
 from .._checks import check_bool, check_positive, check_positive_int, check_type, fail
+from ..course import display
 from ..rng import Rng
 from ..serving import register as discovery
 from ..tinylm import corpus, make_tasks
@@ -141,12 +142,13 @@ class LoadResult:
     ttft_p99 = _percentile_of("ttft", 99)
 
     def errors(self) -> dict[str, int]:
-        """How many requests failed with each error: its first 100 characters, without the leading "APIError: "
-        (openai's base class, which says nothing the message does not: a router's in-band stream error)."""
+        """How many requests failed with each error: at most 100 characters of it, cut after a whole word (" ..."
+        marks a cut), without the leading "APIError: " (openai's base class, which says nothing the message does
+        not: a router's in-band stream error)."""
         out: dict[str, int] = {}
         for r in self.records:
             if r.status == "failed":
-                key = r.error.removeprefix("APIError: ")[:100]
+                key = display.clip(r.error.removeprefix("APIError: "), 100)
                 out[key] = out.get(key, 0) + 1
         return out
 

@@ -4,10 +4,11 @@ material's claims (notebooks 01-03, and each later lab's fact-check)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .._checks import check_positive_int, fail, is_number
+from .._checks import check_positive_int, check_type, fail, is_number
 
 
 def fixed(value: float, digits: int = 3) -> str:
@@ -21,6 +22,19 @@ def fixed(value: float, digits: int = 3) -> str:
         return text
     magnitude = math.floor(math.log10(abs(value)))
     return f"{value:,.0f}" if magnitude >= digits - 1 else f"{value:.{digits - 1 - magnitude}f}"
+
+
+def clip(text: str, width: int) -> str:
+    """`text` in at most `width` characters for a table cell (runs of whitespace become one space): cut after
+    the last whole word that fits, " ..." marking the cut; a first word longer than that is cut inside it."""
+    check_type("text", text, str, "a string")
+    if check_positive_int("width", width, "characters") < 5:
+        fail("width", width, "at least 5 characters (a letter and ' ...')")
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    short = textwrap.shorten(text, width, placeholder=" ...")
+    return short if short != "..." else text[:width - 4] + " ..."  # "...": not even the first word fits
 
 
 def table(rows: list[dict], digits: int = 3) -> str:

@@ -64,6 +64,9 @@ def test_event_rows_are_the_events_in_time_order_since_t0():
     rows = explore.event_rows(events, t0=9.5)
     assert [(r["t s"], r["event"]) for r in rows] == [(0.5, "registered"), (1.5, "down"), (3.0, "removed")]
     assert rows[2]["detail"] == "no heartbeat for 1.02 s" and explore.event_rows([], 0.0) == []
+    long = "RemoteProtocolError: peer closed connection without sending complete message body"
+    rows = explore.event_rows([{"time": 1.0, "kind": "down", "id": "replica-2", "detail": long}], 0.0)
+    assert rows[0]["detail"] == "RemoteProtocolError: peer closed connection without ..."  # whole words, <= 60
     assert_refused(lambda: explore.event_rows("x", 0.0), TypeError, "events", "x", "a list")
 
 

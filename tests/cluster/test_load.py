@@ -60,7 +60,10 @@ def test_a_result_counts_and_summarises_its_records():
     cut = "replica-2 failed mid-stream: RemoteProtocolError: peer closed connection without sending complete body"
     broken = LoadResult([RequestOutcome(i, "failed", f"APIError: {cut} (incomplete chunked read)", end=1.0) for i in range(2)],
                         wall_s=1.0)
-    assert broken.errors() == {cut[:100]: 2} and len(cut) > 100  # the type name the message repeats goes, 100 kept
+    # the type name the message repeats goes; the rest is cut after the last whole word that fits in 100
+    words = f"{cut} (incomplete chunked read)".split()
+    kept = max(k for k in range(len(words)) if len(" ".join(words[:k]) + " ...") <= 100)
+    assert broken.errors() == {" ".join(words[:kept]) + " ...": 2} and len(cut) > 100
     assert LoadResult([RequestOutcome(0)], 1.0).latency_p99 is None  # none answered: no percentile, not a NaN
 
 

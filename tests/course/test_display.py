@@ -1,5 +1,6 @@
 """labkit.course.display: aligned tables and fact-check verdicts."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from labkit.course import display
 
@@ -75,3 +76,24 @@ def test_rows_with_other_keys_are_refused_naming_the_row_and_the_keys():
 ])
 def test_bad_tables_are_refused(call, error, name, value, expected):
     assert_refused(call, error, name, value, expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="ab:/.", min_size=1, max_size=12), max_size=12), st.integers(5, 40))
+def test_clip_keeps_the_most_whole_words_that_fit(words, width):
+    text = "  ".join(words)  # runs of whitespace become one space
+    out = display.clip(text, width)
+    assert len(out) <= width
+    fits = [k for k in range(len(words) + 1) if len(" ".join(words[:k]) + " ...") <= width]
+    if len(" ".join(words)) <= width:
+        assert out == " ".join(words)
+    elif max(fits) > 0:
+        assert out == " ".join(words[:max(fits)]) + " ..."
+    else:  # the first word alone is too long: cut inside it
+        assert out == words[0][:width - 4] + " ..."
+
+
+def test_clip_refuses_what_it_cannot_cut():
+    assert display.clip("no heartbeat for 1.02 s", 60) == "no heartbeat for 1.02 s"
+    assert_refused(lambda: display.clip("text", 4), ValueError, "width", 4, "at least 5")
+    assert_refused(lambda: display.clip(3, 10), TypeError, "text", 3, "a string")
