@@ -84,7 +84,10 @@ async def _httpx_stream(client: httpx.AsyncClient, text: str, max_tokens: int) -
         async for line in response.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 last = line
-    return json.loads(last.removeprefix("data: "))["usage"]["completion_tokens"]
+    usage = json.loads(last.removeprefix("data: ")).get("usage") if last else None
+    if not usage:  # an in-band error event, or a stream cut short: say so rather than count it
+        raise RuntimeError(f"the stream for {text[:40]!r} ended without its usage chunk; its last event: {last}")
+    return usage["completion_tokens"]
 
 
 def over_http(base_url: str, texts: list[str], max_tokens: int, load: str, meter=lambda: ()) -> tuple:
@@ -127,7 +130,8 @@ def main() -> None:
     texts = [tok.decode(p) for p in prompts]
     assert [tok.encode(t) for t in texts] == prompts  # the service sees exactly these tokens
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    served, default = max(1, cores - 1), torch.get_num_threads()  # the service's --threads default
+    # the cores but one, as the service's --threads default (passed to it explicitly, so both run the same)
+    served, default = max(1, cores - 1), torch.get_num_threads()
     tokens = args.clients * args.max_tokens
     print(f"{args.clients} concurrent requests, {args.max_tokens} output tokens each, greedy, on {cores} cores; "
           f"the service runs {served} torch thread(s), in-process runs {served} and torch's default {default}")
@@ -167,6 +171,7 @@ def main() -> None:
                   f"          CPU per output token: API process {us[load, 'api']:.0f} us, engine process "
                   f"{us[load, 'engine']:.0f} us, load generator {us[load, 'load']:.0f} us: at that CPU per "
                   f"token {cores} cores allow at most {statistics.median(ceiling[load]):.2f} of in-process")
+
 
 if __name__ == "__main__":
     main()
