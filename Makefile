@@ -30,8 +30,9 @@ CLASSROOM := $(BIN)/python -m labkit.course.classroom
 # likewise, OpenMP (torch, numba, OpenBLAS) on 1 thread. A stored output that depends on the CPU's kernels or
 # on the thread count differs under these settings, so `make test-portable` fails on it on any machine.
 PORTABLE_ENV ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 OMP_NUM_THREADS=1
-# The unit suite's worker processes (pytest-xdist): one per core, each test file on one worker (its module's
-# servers and pools are started once). WORKERS=0 runs it in this process, one test after another.
+# Worker processes (pytest-xdist), one per core: the unit suite keeps each test file on one worker (its module's
+# servers and pools are started once), nbval each notebook (its cells in order; longest first, notebooks/conftest.py),
+# the browser test one JupyterLab and Chromium per worker. WORKERS=0 runs each in this process, one after another.
 WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 # The notebooks test-portable checks (one of them: make test-portable NB=notebooks/03_int4_quantization.ipynb).
 NB ?= notebooks
@@ -56,7 +57,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(WORKERS) --dist loadfile
 	@# A fresh machine's first matplotlib import writes a font-cache notice to stderr; nbval would see it.
 	@$(BIN)/python -c "import matplotlib.pyplot"
-	$(BIN)/python -m pytest $(NBVAL_FLAGS) notebooks
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(NBVAL_FLAGS) notebooks
 	@if [ -x "$(CHROMIUM)" ] && $(BIN)/python -c "import playwright.sync_api" 2>/dev/null; then \
 		$(MAKE) --no-print-directory test-browser; \
 	elif [ "$(BROWSER_TEST)" = required ]; then \
@@ -69,12 +70,12 @@ test: $(STAMP)
 # nbval on every notebook again, under PORTABLE_ENV: the stored outputs must not depend on this machine's CPU.
 test-portable: $(STAMP)
 	@$(BIN)/python -c "import matplotlib.pyplot"
-	env $(PORTABLE_ENV) $(BIN)/python -m pytest $(NBVAL_FLAGS) $(NB)
+	env $(PORTABLE_ENV) $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(NBVAL_FLAGS) $(NB)
 
 # Every student notebook opened in JupyterLab in headless Chromium: run all cells, no errors, every widget
 # rendered and answering its controls. Fails (not skips) when Chromium or playwright is missing.
 test-browser: $(STAMP)
-	LABKIT_CHROMIUM=$(CHROMIUM) LABKIT_BROWSER_REQUIRED=1 $(BIN)/python -m pytest tests/browser
+	LABKIT_CHROMIUM=$(CHROMIUM) LABKIT_BROWSER_REQUIRED=1 $(BIN)/python -m pytest -n $(WORKERS) --dist load tests/browser
 
 # Opt-in, never part of lab or test: llama.cpp beside labkit (llama-cpp-python and its OpenAI server, the "peers"
 # extra) for benchmarks/peers.py and the peer cells of notebooks 03 and 06. It compiles llama.cpp from source:

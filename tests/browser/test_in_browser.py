@@ -4,6 +4,7 @@ to the test's temporary folder (printed on failure). `make test-browser` runs th
 playwright it is skipped, or fails when LABKIT_BROWSER_REQUIRED=1 (make test-browser, CI)."""
 import json
 import os
+import runpy
 import signal
 import time
 
@@ -15,7 +16,9 @@ from labkit.course import classroom, labs
 from . import lab as browser_lab
 from .notebook import expected_interactive, run_notebook
 
-NOTEBOOKS = sorted(classroom.NOTEBOOKS.glob("*.ipynb"))
+# longest first, by nbval's figures (notebooks/conftest.py): `make test-browser` runs them on two workers
+SECONDS = runpy.run_path(str(classroom.NOTEBOOKS / "conftest.py"))["SECONDS"]
+NOTEBOOKS = sorted(classroom.NOTEBOOKS.glob("*.ipynb"), key=lambda p: (-SECONDS.get(p.stem, 0), p.name))
 BUDGET_S = float(os.environ.get("LABKIT_BROWSER_BUDGET_S", 2700))  # the whole module, a hard cap (11 notebooks)
 NOTEBOOK_S = float(os.environ.get("LABKIT_BROWSER_NOTEBOOK_S", 600))  # one notebook, a slow machine's worst
 
