@@ -1,6 +1,7 @@
 """Static checks of the stored notebooks; nbval (make test) re-executes them and compares outputs."""
 import json
 import re
+import runpy
 
 import pytest
 
@@ -18,6 +19,14 @@ def test_notebooks_follow_the_course_map():
     assert NOTEBOOKS, "no notebooks"
     for p in NOTEBOOKS:
         assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", p.name), p.name
+
+
+def test_the_workers_order_names_every_notebook():
+    """notebooks/conftest.py orders nbval and the browser test longest first: a notebook missing from its table
+    would run last, a name left there after a rename would order nothing."""
+    seconds = runpy.run_path(str(classroom.NOTEBOOKS / "conftest.py"))["SECONDS"]
+    assert set(seconds) == {p.stem for p in NOTEBOOKS}, sorted(set(seconds) ^ {p.stem for p in NOTEBOOKS})
+    assert all(isinstance(s, int) and s > 0 for s in seconds.values()), seconds
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

@@ -16,10 +16,10 @@ from labkit.course import classroom, labs
 from . import lab as browser_lab
 from .notebook import expected_interactive, run_notebook
 
-# longest first, by nbval's figures (notebooks/conftest.py): `make test-browser` runs them on two workers
+# longest first, by nbval's figures (notebooks/conftest.py): `make test-browser` runs them on one worker per core
 SECONDS = runpy.run_path(str(classroom.NOTEBOOKS / "conftest.py"))["SECONDS"]
 NOTEBOOKS = sorted(classroom.NOTEBOOKS.glob("*.ipynb"), key=lambda p: (-SECONDS.get(p.stem, 0), p.name))
-BUDGET_S = float(os.environ.get("LABKIT_BROWSER_BUDGET_S", 2700))  # the whole module, a hard cap (11 notebooks)
+BUDGET_S = float(os.environ.get("LABKIT_BROWSER_BUDGET_S", 2700))  # one worker's share of the module, a hard cap
 NOTEBOOK_S = float(os.environ.get("LABKIT_BROWSER_NOTEBOOK_S", 600))  # one notebook, a slow machine's worst
 
 SELFTEST = [
