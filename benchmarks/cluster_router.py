@@ -2,15 +2,16 @@
 prefix affinity against round robin (and least outstanding) on a trace with shared prefixes, and failover
 (a replica killed, a replica hung) with every request accounted for.
 
-    python benchmarks/cluster_router.py [--requests 96] [--concurrency 16] [--max-tokens 32] [--repeats 3]
+    python benchmarks/cluster_router.py [--requests 96] [--concurrency 16] [--max-tokens 32] [--repeats 6]
 
-Every cluster is a router (`python -m labkit.cluster`) and TinyLM replicas (`python -m labkit.serving
---register ...`, 1 torch thread each) started by labkit.cluster.launch; the client is openai.AsyncOpenAI with
-max_retries=0 (labkit.cluster.load.run_load), streaming, greedy. The clusters of one comparison are all up at
-once and take turns (an idle replica blocks on its queue and costs no CPU); each repeat uses a trace of its own
-seed, so no repeat is served from a cache an earlier one warmed. Ratios are medians over the repeats, with
-each repeat's ratio beside them. The CPU seconds every process of a cluster spent, over the run's wall time,
-say how many cores the run kept busy: on 2 cores, 2 replicas, the router and the client share them.
+Every cluster is a router (`python -m labkit.cluster`) and TinyLM replicas (`python -m labkit.serving --register
+...`, 1 torch thread each) started by labkit.cluster.launch; the client is openai.AsyncOpenAI with max_retries=0
+(labkit.cluster.load.run_load), streaming, greedy. The clusters of one comparison are all up at once and take turns
+(an idle replica blocks on its queue and costs no CPU); each repeat uses a trace of its own seed, so no repeat is
+served from a cache an earlier one warmed. Ratios are medians over the repeats, with each repeat's ratio beside
+them; a goal is met when every repeat's ratio reaches it (labkit.course.evidence.against_goal: 6 repeats at least).
+The CPU seconds every process of a cluster spent, over the run's wall time, say how many cores the run kept busy: on
+2 cores, 2 replicas, the router and the client share them.
 """
 
 import argparse
@@ -20,6 +21,7 @@ import threading
 import time
 
 from labkit.cluster.explore import cpu_seconds
+from labkit.course import evidence
 from labkit.cluster.launch import Cluster
 from labkit.cluster.load import prefix_counts, prefix_hit_rate, run_load, shared_prefix_trace
 
@@ -46,12 +48,6 @@ def measured(cluster: Cluster, bodies: list[dict], concurrency: int) -> dict:
             "client_cores": client / result.wall_s, "router_cpu_per_request": router / len(bodies)}
 
 
-def spread_verdict(ratios: list[float], ratio: float, goal: float) -> str:
-    if (max(ratios) - min(ratios)) / ratio > 0.25:
-        return "unreliable on this run (ratios spread > 25%)"
-    return f"goal {goal:g}x {'met' if ratio >= goal else 'NOT met'}"
-
-
 def scaling(args) -> None:
     print(f"\n1. one replica against two, round robin: {args.requests} requests of distinct prompts, "
           f"{args.concurrency} in flight, {args.max_tokens} tokens each")
@@ -70,7 +66,7 @@ def scaling(args) -> None:
               f"p99 {med['p99']:.2f} s; cores busy {med['cores']:.2f} of {os.cpu_count()} (replicas "
               f"{med['replica_cores']:.2f}, router {med['router_cores']:.2f}, client {med['client_cores']:.2f})")
     print(f"   2 / 1 = {ratio:.2f}x (per repeat {', '.join(f'{x:.2f}' for x in ratios)}): "
-          f"{spread_verdict(ratios, ratio, SCALING_GOAL)}")
+          f"{evidence.against_goal('2 / 1', ratios, SCALING_GOAL).verdict()}")
 
 
 def prefixes(args) -> None:
@@ -149,7 +145,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=evidence.MIN_GOAL_REPEATS)
     parser.add_argument("--only", choices=("scaling", "prefixes", "failover"), default=None)
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; replicas run 1 torch thread each")

@@ -86,6 +86,14 @@ def main():
               f"gradients {m.gradients / 2**20:.2f}, optimizer {m.optimizer / 2**20:.2f}, "
               f"activations {m.activations / 2**20:.2f})")
     print(f"QLoRA peak / LoRA-FP32 peak: {ratio:.2f} ({'meets' if ratio <= 0.5 else 'misses'} the 0.5 goal)")
+    # both peaks = weights + the same rest (adapters, their gradients and states, activations), so the ratio is at
+    # most 0.5 exactly when the rest is at most the FP32 base minus twice the NF4 base
+    rest = (goal["lora"].peak - goal["lora"].weights) / 2**20
+    room = (goal["lora"].weights - 2 * goal["qlora"].weights) / 2**20
+    why = ("TinyLM's base is too small beside its activations and adapters at this setting" if rest > room else
+           "within it")
+    print(f"the rest of the peak (all but the base weights) is {rest:.2f} MiB; the goal needs it at most "
+          f"{room:.2f} MiB (FP32 base - 2 x NF4 base): {why}")
     print("rank  tokens  LoRA MiB  QLoRA MiB  ratio  (same in both: adapters + grads + states, activations, MiB)")
     for rank in (2, 8):
         for b, t in ((1, 16), (2, 32), (8, 64)):

@@ -1,19 +1,20 @@
 """Continuous batching against static batching (and chunked prefill) on the same trace, measured in one run
 (issue 14: continuous at least 2x the output tokens/s of static at a request rate where static queues).
 
-    python benchmarks/serving_batching.py [--n 600] [--repeats 3] [--max-num-seqs 32] [--fractions 0.5,1,2,inf]
+    python benchmarks/serving_batching.py [--n 600] [--repeats 6] [--max-num-seqs 32] [--fractions 0.5,1,2,inf]
 
 The trace is labkit.serving.workload.make_trace (the course's task prompts, 20% long-tailed outputs, Poisson
-arrivals). Each policy replays it on a fresh Engine with the "measured" clock: time advances by the measured
-wall time of every step (scheduling, the batched forward, sampling) and idle gaps between arrivals are skipped,
-so the figures are real compute times on this machine without sleeping. In each repeat the policies' replays run
-in lockstep (Engine.replay, one step per next()), the next step always going to the replay furthest behind in its
-share of the trace's output tokens: they finish together, and a busy second of the machine slows the same share
-of every policy's work (run back to back, 10 s each, per-repeat ratios spread 1.6-2.9x on a noisy machine). The
-steps run on one thread and never overlap, so each step's measured time is its own (a thread per replay was tried
-and dropped: each thread had its own OpenMP team, whose spinning while idle slowed the other's steps). The tables
-show medians over `repeats`, the ratio is the median of the per-repeat ratios. Output tokens/s = output tokens /
-(last token - first arrival).
+arrivals). Each policy replays it on a fresh Engine with the "measured" clock: time advances by the measured wall
+time of every step (scheduling, the batched forward, sampling) and idle gaps between arrivals are skipped, so the
+figures are real compute times on this machine without sleeping. In each repeat the policies' replays run in
+lockstep (Engine.replay, one step per next()), the next step always going to the replay furthest behind in its share
+of the trace's output tokens: they finish together, and a busy second of the machine slows the same share of every
+policy's work (run back to back, 10 s each, per-repeat ratios spread 1.6-2.9x on a noisy machine). The steps run on
+one thread and never overlap, so each step's measured time is its own (a thread per replay was tried and dropped:
+each thread had its own OpenMP team, whose spinning while idle slowed the other's steps). The tables show medians
+over `repeats`, the ratio is the median of the per-repeat ratios; the goal is met when every repeat's ratio reaches
+it (labkit.course.evidence.against_goal: 6 repeats at least). Output tokens/s = output tokens / (last token - first
+arrival).
 
 First the offered load is calibrated: continuous batching's capacity at rate inf (everything at once), in
 requests/s; the rates then tried are 0.5, 1 and 2 times it, and everything at once (--fractions 2,inf: only the
@@ -26,6 +27,7 @@ import statistics
 
 import torch
 
+from labkit.course import evidence
 from labkit.serving import Engine
 from labkit.serving.metrics import summarize
 from labkit.serving.workload import make_trace
@@ -61,7 +63,7 @@ def lockstep(model, trace, policies, max_num_seqs: int) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=600)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=evidence.MIN_GOAL_REPEATS)
     parser.add_argument("--max-num-seqs", type=int, default=32, help="the batch limit of every policy")
     parser.add_argument("--fractions", default="0.5,1,2,inf", help="the rates tried, as fractions of the capacity")
     args = parser.parse_args()
@@ -84,14 +86,12 @@ def main() -> None:
         ratios = [c["tok_s"] / s["tok_s"] for c, s in zip(runs["continuous"], runs["static"])]
         ratio = statistics.median(ratios)  # paired: each repeat's policies ran in lockstep
         queues = med["static"]["ttft"] > 2 * (med["static"]["e2el"] - med["static"]["ttft"])
-        spread = (max(ratios) - min(ratios)) / ratio
         print(f"\nrate {rate:.1f} req/s ({fraction:.0%} of continuous batching's capacity):")
         for p in POLICIES:
             m = med[p]
             print(f"  {p:<11} {m['tok_s']:8,.0f} output tokens/s   mean TTFT {m['ttft']:8.1f} ms   "
                   f"mean E2E {m['e2el']:8.1f} ms   {m['steps']:.0f} steps")
-        verdict = ("unreliable on this run (ratios spread > 25%)" if spread > 0.25 else
-                   f"goal {GOAL:g}x {'met' if ratio >= GOAL else 'NOT met'}")
+        verdict = evidence.against_goal("continuous / static", ratios, GOAL).verdict()
         print(f"  continuous / static = {ratio:.2f}x (per repeat {', '.join(f'{r:.2f}' for r in ratios)}); "
               f"static queues: {'yes' if queues else 'no'}; {verdict}")
 

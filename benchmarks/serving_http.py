@@ -1,7 +1,7 @@
 """The HTTP service against the in-process engine on the same requests, measured in one run (issue 27: 32
 concurrent streaming clients get at least 90% of the in-process engine's output tokens/s; issue 14 asked 80%).
 
-    python benchmarks/serving_http.py [--clients 32] [--max-tokens 64] [--repeats 3] [--intervals 1 8]
+    python benchmarks/serving_http.py [--clients 32] [--max-tokens 64] [--repeats 6] [--intervals 1 8]
                                       [--load openai httpx]
 
 In-process: labkit.serving.Engine on the wall clock, the 32 requests added at once and run to completion, with
@@ -15,8 +15,9 @@ here, by two load generators in turn:
           (as vLLM's benchmarks/benchmark_serving.py drives a server with aiohttp: the client's own CPU kept
           small, so the server is what is measured).
 Tokens/s = output tokens / (last token - start). The runs take turns, `repeats` times; the ratio of medians is
-printed with the per-repeat ratios. The load generator shares the machine's cores with the server, as one on
-the same host does, so the CPU seconds per output token of the API process, the engine process it spawned and
+printed with the per-repeat ratios, and the goal is met when every repeat's ratio reaches it (the course's rule,
+labkit.course.evidence.against_goal: 6 repeats at least). The load generator shares the machine's cores with
+the server, as one on the same host does, so the CPU seconds per output token of the API process, the engine process it spawned and
 the load generator are printed beside the ratio, with the ceiling they set: on `cores` cores the HTTP run can
 reach at most cores / (their sum) tokens per second, shown as a share of the in-process run beside it. The
 service is started once per stream interval (`--stream-interval`: tokens per streamed chunk at least; 1 sends
@@ -34,6 +35,7 @@ import httpx
 import openai
 import torch
 
+from labkit.course import evidence
 from labkit.serving import Engine, SamplingParams
 from labkit.serving.launch import start_service
 from labkit.serving.workload import make_trace
@@ -118,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=evidence.MIN_GOAL_REPEATS)
     parser.add_argument("--intervals", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--load", nargs="+", choices=["openai", "httpx"], default=["openai", "httpx"],
                         help="the load generators, each in turn in every repeat")
@@ -162,9 +164,7 @@ def main() -> None:
         for load in args.load:
             ratios = [h / i for h, i in zip(runs[load], runs["same"])]
             ratio = med[load] / med["same"]
-            spread = (max(ratios) - min(ratios)) / ratio
-            verdict = ("unreliable on this run (ratios spread > 25%)" if spread > 0.25 else
-                       f"goal {GOAL:.0%} {'met' if ratio >= GOAL else 'NOT met'}")
+            verdict = evidence.against_goal("http / in-process", ratios, GOAL).verdict()
             print(f"  {load:>6}: http {med[load]:,.0f} tokens/s; http / in-process at the same threads = "
                   f"{ratio:.2f} (per repeat {', '.join(f'{r:.2f}' for r in ratios)}): {verdict}; against "
                   f"{default} threads: {med[load] / med['default']:.2f}\n"

@@ -18,6 +18,13 @@ Two medians that differ by less than that noise say nothing about which thing is
 So 3 repeats each never suffice, 4 each are the least that do. Only a separated pair states its direction;
 anything else reads "unreliable on this run" with the reason, and a later verdict or report never takes a
 figure from an unreliable comparison (check `reliable`).
+
+A goal ("continuous at least 2x static", the benchmarks' goals) is a fixed line, not a second set of repeats.
+The same rule, applied to repeats of a ratio against its goal (`against_goal`, the sign test):
+
+    the repeats meet the goal when every one of them is >= goal, miss it when every one is < goal, and
+    they are enough when a ratio whose median sits exactly on the goal (each repeat above or below it
+    with chance 1/2) would rarely put all n on one side: 2 / 2**n <= FALSE_DIRECTION, so n >= 6.
 """
 
 from __future__ import annotations
@@ -115,3 +122,56 @@ def compare(a_name: str, a, b_name: str, b, unit: str = "") -> Comparison:
     else:
         reason = ""
     return Comparison(a_name, b_name, ratio, not reason, reason)
+
+
+def sign_chance(n: int) -> float:
+    """The chance that n repeats of a measurement whose median is exactly the goal all fall on one side of it:
+    2 / 2**n (the sign test, two-sided). The rule asks for at most FALSE_DIRECTION."""
+    check_int("n", n, 1)
+    return min(1.0, 2 / 2**n)
+
+
+MIN_GOAL_REPEATS = next(n for n in range(1, 100) if sign_chance(n) <= FALSE_DIRECTION)
+"""The fewest repeats that can say a goal is met or missed (6)."""
+
+
+@dataclass(frozen=True)
+class GoalCheck:
+    """Repeats of one figure (a ratio, a share) against a goal line under the rule of this module. `met` is
+    True or False only when `reliable`; `reason` says why not ("" when reliable)."""
+    name: str
+    goal: float
+    median: float
+    reliable: bool
+    reason: str
+
+    @property
+    def met(self) -> bool | None:
+        """True: every repeat >= goal; False: every repeat < goal; None: unreliable."""
+        return None if not self.reliable else self.median >= self.goal
+
+    def verdict(self) -> str:
+        """'goal met', 'goal NOT met', or 'unreliable on this run (<reason>)'."""
+        if not self.reliable:
+            return f"{UNRELIABLE} ({self.reason})"
+        return f"goal {'met' if self.met else 'NOT met'} (every repeat {'>=' if self.met else '<'} {self.goal:g})"
+
+
+def against_goal(name: str, values, goal: float) -> GoalCheck:
+    """Check the repeats `values` of `name` (a list of numbers, e.g. per-repeat ratios; benchmarks/serving_http.py,
+    serving_batching.py, cluster_router.py) against the line `goal` by the rule of this module."""
+    check_type("name", name, str)
+    if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not math.isfinite(goal):
+        fail("goal", goal, "a finite number")
+    x = _samples("values", values)
+    above = sum(v >= goal for v in x)
+    risk = sign_chance(len(x))
+    if risk > FALSE_DIRECTION:
+        reason = (f"{len(x)} repeats of {name}: a figure sitting on the goal puts them all on one side "
+                  f"{risk:.0%} of the time, the rule allows {FALSE_DIRECTION:.0%} ({MIN_GOAL_REPEATS} repeats)")
+    elif 0 < above < len(x):
+        reason = (f"{above} of {len(x)} repeats of {name} ({_span(x, '')}) reach {goal:g}: "
+                  "the goal is within this run's noise")
+    else:
+        reason = ""
+    return GoalCheck(name, float(goal), statistics.median(x), not reason, reason)

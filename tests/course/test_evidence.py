@@ -96,7 +96,64 @@ def test_scaling_one_set_above_the_other_separates_it(a, factor):
     assert c.reliable and c.higher == "b"
 
 
+# per-repeat ratios that benchmarks/serving_http.py printed (2026-12-04, httpx load): five repeats, and a sixth
+HTTP_5 = [0.99, 1.17, 1.09, 0.91, 0.93]
+HTTP_MIXED = [1.25, 0.82, 1.23, 0.98, 0.92, 0.74]
+# benchmarks/serving_batching.py, continuous / static at twice the capacity (2026-12-03): one repeat under 2
+BATCHING = [1.99, 2.11, 2.25, 2.23, 2.28, 2.20]
+
+
+def test_a_goal_needs_six_repeats_all_on_one_side():
+    five = evidence.against_goal("http / in-process", HTTP_5, 0.9)
+    assert not five.reliable and five.met is None and five.median == 0.99
+    assert five.reason.startswith("5 repeats of http / in-process: a figure sitting on the goal puts them all on "
+                                  "one side 6% of the time")
+    six = evidence.against_goal("http / in-process", HTTP_5 + [0.95], 0.9)
+    assert six.reliable and six.met is True and six.verdict() == "goal met (every repeat >= 0.9)"
+    missed = evidence.against_goal("ratio", [1.2, 1.5, 1.1, 1.3, 1.4, 1.25], 2)
+    assert missed.reliable and missed.met is False and missed.verdict() == "goal NOT met (every repeat < 2)"
+
+
+def test_repeats_on_both_sides_of_the_goal_decide_nothing_whatever_their_median():
+    mixed = evidence.against_goal("http / in-process", HTTP_MIXED, 0.9)
+    assert mixed.median == pytest.approx(0.95) and mixed.median > 0.9 and mixed.met is None
+    assert mixed.verdict() == ("unreliable on this run (4 of 6 repeats of http / in-process (0.74-1.25) reach 0.9: "
+                               "the goal is within this run's noise)")
+    one_under = evidence.against_goal("continuous / static", BATCHING, 2)
+    assert one_under.median > 2.2 and not one_under.reliable and "5 of 6 repeats" in one_under.reason
+
+
+def test_the_sign_chance_matches_a_simulation_and_the_rule_needs_six():
+    rng = random.Random(7)
+    for n in (1, 3, 5, 6, 8):
+        trials = 20_000
+        one_side = 0
+        for _ in range(trials):
+            x = [rng.lognormvariate(0, 0.3) for _ in range(n)]  # median 1: the goal
+            one_side += all(v >= 1 for v in x) or all(v < 1 for v in x)
+        p = evidence.sign_chance(n)
+        assert one_side / trials == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / trials) + 1e-3)
+    assert evidence.MIN_GOAL_REPEATS == 6 and evidence.sign_chance(5) > evidence.FALSE_DIRECTION
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=9), finite, st.floats(0.01, 100))
+def test_a_goal_is_met_only_when_every_repeat_reaches_it_at_any_scale(x, goal, scale):
+    c = evidence.against_goal("x", x, goal)
+    enough = len(x) >= evidence.MIN_GOAL_REPEATS
+    assert c.reliable == (enough and (min(x) >= goal or max(x) < goal))
+    assert c.met == (None if not c.reliable else min(x) >= goal)
+    scaled = evidence.against_goal("x", [v * scale for v in x], goal * scale)
+    assert scaled.met == c.met or (min(x) * scale >= goal * scale) != (min(x) >= goal)  # float rounding at the line
+
+
 @pytest.mark.parametrize("call,error,name,value,expected", [
+    (lambda: evidence.against_goal("r", [1] * 6, math.inf), ValueError, "goal", math.inf, "a finite number"),
+    (lambda: evidence.against_goal("r", [1] * 6, True), ValueError, "goal", True, "a finite number"),
+    (lambda: evidence.against_goal("r", [], 1), ValueError, "values", [], "at least one"),
+    (lambda: evidence.against_goal(2, [1], 1), TypeError, "name", 2, "str"),
+    (lambda: evidence.sign_chance(0), ValueError, "n", 0, ">= 1"),
+
     (lambda: evidence.compare("a", [], "b", [1]), ValueError, "a", [], "at least one"),
     (lambda: evidence.compare("a", [1, math.nan], "b", [1]), ValueError, "a", [1, math.nan], "all finite"),
     (lambda: evidence.compare("a", [1], "b", "12"), TypeError, "b", "12", "a Timing or a list"),
