@@ -134,13 +134,13 @@ def sweep(model, rates: Iterable[float], policies: Iterable[str] = SCHEDULING_PO
             engine = run_policy(model, trace, policy, clock, **engine_options)
             s = summarize([engine.get(r.request_id) for r in trace], slo=slo, start=0.0)
             rows.append({"policy": policy, "rate": float(rate), "tok/s": s.output_throughput,
-                         "TTFT ms": s.stats["ttft"].median, "TPOT ms": s.stats["tpot"].mean,
-                         "E2E ms": s.stats["e2el"].mean,
+                         "median TTFT ms": s.stats["ttft"].median, "mean TPOT ms": s.stats["tpot"].mean,
+                         "mean E2E ms": s.stats["e2el"].mean,
                          "goodput": s.request_goodput if slo is not None else float("nan")})
     return rows
 
 
-def plot_sweep(rows: list[dict], latency: str = "E2E ms"):
+def plot_sweep(rows: list[dict], latency: str = "mean E2E ms"):
     """Left: output throughput against the request rate; right: `latency` against throughput; one line per
     policy, points in order of rate. Returns the figure."""
     import matplotlib.pyplot as plt
