@@ -79,10 +79,23 @@ def _write_settings(home: Path) -> dict[str, str]:
     return {k: str(home / v) for k, v in env.items()}
 
 
+def kernel_threads() -> dict[str, str]:
+    """OMP_NUM_THREADS for the kernels when pytest-xdist runs several workers: the cores shared out among them, so
+    that two notebooks' torch thread pools do not spin on each other's cores (on 2 cores, 03, 06 and 09 on two
+    workers: 8-15% less wall time, benchmarks/RESULTS.md). The notebooks' checks hold on one thread (the portable
+    pass runs them so); a caller's own OMP_NUM_THREADS wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"OMP_NUM_THREADS": str(max(1, cores // workers))}
+
+
 @contextmanager
 def jupyter_lab(root: Path, home: Path, timeout: float = 180):
-    """JupyterLab serving `root` on 127.0.0.1, its state under `home`; yields a Lab; stops it and its kernels."""
-    env = {**os.environ, **_write_settings(home)}
+    """JupyterLab serving `root` on 127.0.0.1, its state under `home`; yields a Lab; stops it and its kernels.
+    Its kernels run on kernel_threads()."""
+    env = {**os.environ, **_write_settings(home), **kernel_threads()}
     token, log = secrets.token_hex(16), (home / "jupyterlab.log").open("w")
     for _ in range(3):  # a port taken between free_port() and the server's bind: try another
         port = free_port()

@@ -61,6 +61,20 @@ def _run(session, name, timeout_s=NOTEBOOK_S, change_s=None):
     return run_notebook(session["browser"], session["lab"], name, shot, min(timeout_s, left), change_s), shot
 
 
+def test_the_kernels_share_the_cores_among_the_workers(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    assert browser_lab.kernel_threads() == {"OMP_NUM_THREADS": "2"}
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "16")
+    assert browser_lab.kernel_threads() == {"OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
+    assert browser_lab.kernel_threads() == {}
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert browser_lab.kernel_threads() == {}  # the caller's own setting wins
+
+
 def test_the_browser_test_sees_errors_and_unresponsive_widgets(session):
     found, shot = _run(session, "selftest.ipynb", change_s=5)
     assert found.cells == 6 and found.unrun == [6], found
