@@ -14,11 +14,12 @@ and the memory roofs (torch's sum over 256 MiB on all threads and on one), all t
 run" when the machine was too busy. Also times the reference path (tiled dequantize-multiply-accumulate).
 
 Issue 30, the kernel ladder (labkit.quant.kernels, timed by labkit.quant.kernels_speed.measure_ladder in the
-same run): rungs 1-6 (rung 6: C built here by the machine's compiler, where there is one) and torch's INT4
+same run): rungs 1-7 (rungs 6-7: C built here by the machine's compiler, where there is one) and torch's INT4
 kernel, batch 1, on 4096x4096 (8 matrices cycled) and 4096x14336 (N = 4096 outputs, K = 14336 inputs, as
-ggml's MUL_MAT perf case; 3 matrices cycled), on 1 and 2 threads, each beside the roof of its thread count. Goals: the best rung at least as fast as torch's INT4 kernel and at
-least 70% of the measured roof; its GFLOP/s beside llama.cpp's Q4_0 / Q4_K (shared/FACTS.md, ggml built
-here on 2026-12-01, 4096x14336 batch 1, 2 threads).
+ggml's MUL_MAT perf case; 3 matrices cycled), on 1 and 2 threads, each beside the roof of its thread count.
+Goals: the best rung at least as fast as torch's INT4 kernel and at least 70% of the measured roof; its
+GFLOP/s beside llama.cpp's Q4_0 / Q4_K (shared/FACTS.md: ggml built on a 2-core AVX-512 Xeon of this project's
+machine kind on 2026-12-01, 4096x14336 batch 1, 2 threads).
 
 Copy the output into benchmarks/RESULTS.md.
 """
@@ -32,7 +33,7 @@ from labkit.quant import QuantLinear, kernels, kernels_speed, quantize, speed, v
 
 N = K = 4096
 LADDER_SHAPES = ((4096, 4096, 8), (4096, 14336, 3))  # (N, K, matrices cycled)
-LLAMA_CPP = {"q4_0": 58.7e9, "q4_K": 93.6e9}  # GFLOP/s, ggml on this machine kind, 4096x14336 batch 1
+LLAMA_CPP = {"q4_0": 58.7e9, "q4_K": 93.6e9}  # GFLOP/s, ggml on a 2-core AVX-512 Xeon (FACTS.md), 4096x14336 batch 1
 ROOF_GOAL = 0.7
 
 
@@ -60,7 +61,7 @@ def main(repeats: int = 30) -> None:
 
 def ladder(repeats: int = 15) -> None:
     """Issue 30: the ladder's table and goals on each shape."""
-    print(f"\nrung 6 (C): {kernels.available(kernels.C_RUNG)[1]}")
+    print(f"\nrungs 6-7 (C): {kernels.available(kernels.C_RUNGS[0])[1]}")
     for n, k, matrices in LADDER_SHAPES:
         run = kernels_speed.measure_ladder(n, k, matrices=matrices, repeats=repeats, slow_repeats=3)
         print(f"\nINT4 GEMV ladder, {n}x{k} (N x K), batch 1, {matrices} matrices cycled, asym g32, "
@@ -69,7 +70,8 @@ def ladder(repeats: int = 15) -> None:
         for t in run.threads:
             v = run.verdicts(t)
             best = run.best(t)
-            print(f"@{t}: best rung {best!r}: {run.flops_per_s(best, t) / 1e9:.1f} GFLOP/s (llama.cpp here: "
+            print(f"@{t}: best rung {best!r}: {run.flops_per_s(best, t) / 1e9:.1f} GFLOP/s (llama.cpp, on an "
+                  "AVX-512 Xeon: "
                   + ", ".join(f"{f} {g / 1e9:.1f}" for f, g in LLAMA_CPP.items()) + " GFLOP/s at 4096x14336)")
             print(f"@{t}: vs torch: {v['vs torch']}")
             print(f"@{t}: roof: {v['roof']}")

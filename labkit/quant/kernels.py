@@ -22,6 +22,9 @@
                    and a mask give the codes, a bit trick turns them into floats, nothing is summed across
                    lanes; OpenMP threads over blocks of rows. Only where a C compiler is (kernels_c), for groups
                    of a multiple of 8 inputs
+    7 C int8       rung 5's arithmetic in C on rung 6's layout: the codes stay bytes, and AVX2's vpmaddubsw
+                   multiplies 32 of them by 32 int8 inputs at once (llama.cpp's Q4_0 x Q8_0 idea); one float
+                   step per block of 32 inputs. Approximate as rung 5; where rung 6 is
 
 RUNGS lists them in order (name -> function). The loops are in kernels_jit.py and int4_gemv.c.
 with_rung(model, name) runs every QuantLinear of a quantized TinyLM through one rung (notebook 03 measures rung
@@ -213,19 +216,38 @@ def integer_dot(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     return torch.from_numpy(y)
 
 
+def _lanes(w: Int4Weight, rung: int) -> kernels_c.LaneLayout:
+    """w's layout for the C rungs, or why there is none (RuntimeError without a C compiler: kernels_c.available)."""
+    if w.lanes is None and kernels_c.available()[0]:
+        if w.group_len % 8:
+            fail("w", w, f"groups of a multiple of 8 inputs for rung {rung} (it reads a row's codes 8 at a time, "
+                         "from one group)")
+        raise RuntimeError(f"w was laid out while rung {rung} was not built here: lay it out again with "
+                           "kernels.pack_weight")
+    return w.lanes
+
+
 @_ladder_rung
 def compiled_c(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """Rung 6: C vectorized by this machine's compiler, output rows in the SIMD lanes (int4_gemv.c, kernels_c).
     Thread count: torch's (set it with threads(n)). RuntimeError where no C compiler built it
     (kernels_c.available)."""
-    if w.lanes is None and kernels_c.available()[0]:
-        if w.group_len % 8:
-            fail("w", w, "groups of a multiple of 8 inputs for rung 6 (it reads a row's codes 8 at a time, from one "
-                         "group)")
-        raise RuntimeError("w was laid out while rung 6 was not built here: lay it out again with kernels.pack_weight")
+    lanes = _lanes(w, 6)
     x_np = x.numpy()
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    kernels_c.gemv(x_np, _group_sums(x_np, w.group_len), w.lanes, w.shape[0], torch.get_num_threads(), y)
+    kernels_c.gemv(x_np, _group_sums(x_np, w.group_len), lanes, w.shape[0], torch.get_num_threads(), y)
+    return torch.from_numpy(y)
+
+
+@_ladder_rung
+def compiled_c_int8(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Rung 7: rung 5's arithmetic (x rounded to int8 per block) in C on rung 6's layout, the codes multiplied
+    as bytes (AVX2's vpmaddubsw where the CPU has it: int4_gemv.c, int4_gemv_int8). Approximate as rung 5.
+    Thread count: torch's. RuntimeError where no C compiler built it (kernels_c.available)."""
+    lanes = _lanes(w, 7)
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    kernels_c.gemv_int8(x.numpy(), x_block(w.group_len), w.scale.shape[1], lanes, w.shape[0], torch.get_num_threads(),
+                        y)  # x rounded in C as quantize_activations rounds it
     return torch.from_numpy(y)
 
 
@@ -236,17 +258,18 @@ RUNGS: dict[str, Callable[[torch.Tensor, object], torch.Tensor]] = {
     "4 blocked, threads (numba)": blocked,
     "5 int8 x int4 (numba)": integer_dot,
     "6 C, compiler's SIMD, OpenMP": compiled_c,
+    "7 C, int8 x int4 byte products": compiled_c_int8,
 }
-APPROXIMATE = "5 int8 x int4 (numba)"  # rounds x to int8
-EXACT = tuple(name for name in RUNGS if name != APPROXIMATE)  # equal to the reference within float rounding
-C_RUNG = "6 C, compiler's SIMD, OpenMP"
+APPROXIMATE = ("5 int8 x int4 (numba)", "7 C, int8 x int4 byte products")  # round x to int8
+EXACT = tuple(name for name in RUNGS if name not in APPROXIMATE)  # equal to the reference within float rounding
+C_RUNGS = ("6 C, compiler's SIMD, OpenMP", "7 C, int8 x int4 byte products")  # only where a C compiler is
 
 
 def available(name: str) -> tuple[bool, str]:
-    """(True, "") when RUNGS[name] runs on this machine; (False, why not) for rung 6 without a C compiler."""
+    """(True, "") when RUNGS[name] runs on this machine; (False, why not) for rungs 6-7 without a C compiler."""
     if name not in RUNGS:
         fail("name", name, f"one of {list(RUNGS)}")
-    return kernels_c.available() if name == C_RUNG else (True, "")
+    return kernels_c.available() if name in C_RUNGS else (True, "")
 
 
 class threads:

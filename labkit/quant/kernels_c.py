@@ -1,7 +1,8 @@
-"""Rung 6 of the INT4 GEMV ladder: int4_gemv.c built by this machine's C compiler (notebook 03, section 8;
-labkit.quant.kernels calls it).
+"""Rungs 6 and 7 of the INT4 GEMV ladder: int4_gemv.c built by this machine's C compiler (notebook 03,
+section 8; labkit.quant.kernels calls them).
 
     int4_gemv.c --(cc -O3 -march=native -fopenmp -shared -fPIC)--> int4_gemv-<hash>.so --(ctypes)--> gemv(...)
+                                                                                                  gemv_int8(...)
 
 Built once per machine and source on first use (about a second), kept beside the package's bytecode
 (__pycache__, else the user's cache folder, else the temporary folder) under a name that hashes the source,
@@ -10,8 +11,9 @@ compiler is $CC when set, else cc, gcc or clang on PATH. Flags are tried best fi
 CPU's own SIMD) with OpenMP, then without OpenMP (one thread), then plain -O3 (Apple clang without libomp
 stops at the second); $LABKIT_CFLAGS replaces them with one set of your own (try "-O3 -march=haswell
 -fopenmp" on an AVX-512 machine to see what its wider registers buy). With no compiler, or when every
-build fails, available() says why and gemv raises a RuntimeError naming the reason: the other rungs do not
-need it (lab 08's compiler probe does the same for torch.compile). LABKIT_C=0 switches rung 6 off.
+build fails, available() says why and gemv and gemv_int8 raise a RuntimeError naming the reason: the other
+rungs do not need it (lab 08's compiler probe does the same for torch.compile). LABKIT_C=0 switches rungs 6
+and 7 off.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def _flag_sets() -> tuple[tuple[str, ...], ...]:
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, how it was built) or (None, why not)."""
     if os.environ.get("LABKIT_C", "1") == "0":
-        return None, "LABKIT_C=0 switches rung 6 off"
+        return None, "LABKIT_C=0 switches rungs 6 and 7 off"
     return _load(compiler(), _flag_sets())
 
 
@@ -124,19 +126,22 @@ def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctype
         dll.int4_gemv_lanes.restype = ctypes.c_int
         dll.int4_gemv.restype = None
         dll.int4_gemv.argtypes = [_f32, _f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, ctypes.c_int, _f32]
+        dll.int4_gemv_int8.restype = None
+        dll.int4_gemv_int8.argtypes = [_f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, _f32]
         openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
         return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes"
     return None, f"{cc} could not build {SOURCE.name}: " + "; ".join(complaints)
 
 
 def available() -> tuple[bool, str]:
-    """(True, compiler, flags and lanes) when rung 6 is built and loaded here, (False, why not) otherwise."""
+    """(True, compiler, flags and lanes) when rungs 6 and 7 are built and loaded here, (False, why not)
+    otherwise."""
     dll, how = _library()
     return dll is not None, how
 
 
 def lanes() -> int:
-    """The float lanes rung 6 was built for here (16 with AVX-512, else 8). RuntimeError when not built."""
+    """The float lanes rungs 6-7 were built for here (16 with AVX-512, else 8). RuntimeError when not built."""
     return _loaded().int4_gemv_lanes()
 
 
@@ -175,29 +180,55 @@ def lay_out(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, lanes: int) 
 def _loaded() -> ctypes.CDLL:
     dll, how = _library()
     if dll is None:
-        raise RuntimeError(f"rung 6 (C) is not available on this machine: {how}")
+        raise RuntimeError(f"rungs 6 and 7 (C) are not available on this machine: {how}")
+    return dll
+
+
+def _checked(x_shape: tuple[int, int], groups: int, layout: LaneLayout, n_rows: int, y: np.ndarray,
+             **inputs: tuple[tuple[int, ...], tuple[int, ...]]) -> ctypes.CDLL:
+    """The library, once every shape the C loops trust is what x [M, K], `groups` and `layout` call for
+    (inputs: name -> (expected shape, shape)): a wrong one would read or write past an array's end."""
+    dll = _loaded()
+    if layout.lanes != dll.int4_gemv_lanes():  # laid out before LABKIT_CFLAGS changed the build
+        raise RuntimeError(f"the weight is laid out for {layout.lanes} lanes, rungs 6 and 7 are built here for "
+                           f"{dll.int4_gemv_lanes()}: lay it out again with kernels.pack_weight")
+    m_rows, k = x_shape
+    if groups < 1 or k % groups or (k // groups) % 8:
+        fail("groups", groups, f"a count of groups of a multiple of 8 of x's {k} inputs")
+    blocks = -(-n_rows // layout.lanes)
+    expected = {**inputs, "y": ((m_rows, n_rows), y.shape),
+                "layout.words": ((blocks, k // 8, layout.lanes), layout.words.shape),
+                "layout.scale": ((blocks, groups, layout.lanes), layout.scale.shape),
+                "layout.offset": ((blocks, groups, layout.lanes), layout.offset.shape)}
+    for name, (want, got) in expected.items():
+        if tuple(got) != want:
+            fail(name, tuple(got), f"shape {want} for x {x_shape}")
     return dll
 
 
 def gemv(x: np.ndarray, x_sums: np.ndarray, layout: LaneLayout, n_rows: int, threads: int, y: np.ndarray) -> None:
-    """int4_gemv.c's product into y [M, n_rows] (x [M, K], x_sums [M, G]; layout from lay_out(..., lanes())).
-    RuntimeError when rung 6 is not built here, or the layout was written for another build."""
-    dll = _loaded()
-    if layout.lanes != dll.int4_gemv_lanes():  # laid out before LABKIT_CFLAGS changed the build
-        raise RuntimeError(f"the weight is laid out for {layout.lanes} lanes, rung 6 is built here for "
-                           f"{dll.int4_gemv_lanes()}: lay it out again with kernels.pack_weight")
+    """int4_gemv.c's float product into y [M, n_rows] (x [M, K], x_sums [M, G]; layout from lay_out(...,
+    lanes())). RuntimeError when rung 6 is not built here, or the layout was written for another build."""
     if x.ndim != 2 or x_sums.ndim != 2:
         fail("x", (tuple(x.shape), tuple(x_sums.shape)), "x [M, K] and x_sums [M, G]")
-    m_rows, k = x.shape
-    groups = x_sums.shape[1]
-    blocks = -(-n_rows // layout.lanes)
-    expected = {"x_sums": ((m_rows, groups), x_sums.shape), "y": ((m_rows, n_rows), y.shape),
-                "layout.words": ((blocks, k // 8, layout.lanes), layout.words.shape),
-                "layout.scale": ((blocks, groups, layout.lanes), layout.scale.shape),
-                "layout.offset": ((blocks, groups, layout.lanes), layout.offset.shape)}
-    if groups < 1 or k % groups or (k // groups) % 8:
-        fail("x_sums", tuple(x_sums.shape), f"[M, G] with groups of a multiple of 8 of x's {k} inputs")
-    for name, (want, got) in expected.items():  # the C loop trusts every shape: a wrong one would read past ends
-        if tuple(got) != want:
-            fail(name, tuple(got), f"shape {want} for x {tuple(x.shape)}")
-    dll.int4_gemv(x, x_sums, layout.words, layout.scale, layout.offset, m_rows, n_rows, k, groups, threads, y)
+    m_rows, groups = x_sums.shape
+    dll = _checked(x.shape, groups, layout, n_rows, y, x_sums=((x.shape[0], groups), x_sums.shape))
+    dll.int4_gemv(x, x_sums, layout.words, layout.scale, layout.offset, m_rows, n_rows, x.shape[1], groups,
+                  threads, y)
+
+
+def gemv_int8(x: np.ndarray, block: int, groups: int, layout: LaneLayout, n_rows: int, threads: int,
+              y: np.ndarray) -> None:
+    """int4_gemv.c's integer product (rung 7) into y [M, n_rows]: x float32 [M, K] rounded to int8 per block of
+    `block` inputs (8, 16 or 32, inside one of the `groups` groups), the codes multiplied as bytes.
+    RuntimeError when rung 7 is not built here, or the layout was written for another build."""
+    if x.ndim != 2:
+        fail("x", tuple(x.shape), "x [M, K]")
+    k = x.shape[1]
+    if block not in (8, 16, 32) or groups < 1 or k % groups or (k // groups) % block:
+        fail("block", block, f"8, 16 or 32 inputs, dividing each of the {groups} groups of x's {k} inputs")
+    dll = _checked(x.shape, groups, layout, n_rows, y)
+    dll.int4_gemv_int8(x, layout.words, layout.scale, layout.offset, x.shape[0], n_rows, k, groups, block, threads,
+                       y)
+    if np.isnan(y).all() and y.size:  # int4_gemv_int8 could not allocate its int8 copy of x
+        raise MemoryError(f"rung 7 could not allocate {x.size} bytes for x rounded to int8")

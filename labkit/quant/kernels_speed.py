@@ -7,7 +7,7 @@
              a.sum() over speed.ROOF_BYTES (labkit.quant.speed's roof kernel)
     timing   labkit.course.interleave, in two groups: the slow rungs 1-2 (`slow_repeats` rounds) and the
              rest with the roofs (`repeats` rounds), every case of a group in turns; medians per product
-    missing  a rung that cannot run on this machine (rung 6 without a C compiler: kernels.available) is
+    missing  a rung that cannot run on this machine (rungs 6-7 without a C compiler: kernels.available) is
              left out of the timings, with its reason in LadderRun.missing and on its line of the table
 
 Bytes: what a product reads of its weight as it is stored (Int4Weight.nbytes: packed codes and float32
@@ -149,7 +149,8 @@ def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int
     x = torch.randn(1, k, generator=gen)
     weights = [kernels.pack_weight(q) for q in qs]
     if weights[0].lanes is None:
-        missing.setdefault(kernels.C_RUNG, f"groups of {group_size} inputs (rung 6 takes a multiple of 8)")
+        for name in kernels.C_RUNGS:
+            missing.setdefault(name, f"groups of {group_size} inputs (rungs 6-7 take a multiple of 8)")
     layers = [w.reference for w in weights]  # rung 2's QuantLinear also holds torch's packed copy
     if layers[0].int4pack is None:
         raise RuntimeError("torch's INT4 kernel is not available for this shape or torch build")

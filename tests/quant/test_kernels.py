@@ -2,8 +2,9 @@
 dequantized weight (an independent reference: QTensor.dequantize and torch's matmul), on random shapes,
 group sizes and K not a multiple of a tile or of a task's rows; rung 5 equal to the same product with x
 replaced by its int8 blocks, and within int8's error of the exact one; the compiled loops equal their
-plain-Python selves; the thread count is honoured and restored; bad x and w are refused. Rung 6 (C) takes
-groups of a multiple of 8 inputs and refuses others by name (tests/quant/test_kernels_c.py: its build)."""
+plain-Python selves; the thread count is honoured and restored; bad x and w are refused. Rungs 6 and 7 (C) take
+groups of a multiple of 8 inputs and refuse others by name (tests/quant/test_kernels_c.py: their build); rung 7
+is held to rung 5's reference."""
 import numba
 import pytest
 import torch
@@ -22,8 +23,8 @@ def exact(x: torch.Tensor, q) -> torch.Tensor:
 
 
 def runs(name: str, w) -> bool:
-    """Whether rung `name` takes weight w (rung 6 needs a C compiler and groups of a multiple of 8 inputs)."""
-    return name != kk.C_RUNG or (kk.available(name)[0] and kk._weight(w).lanes is not None)
+    """Whether rung `name` takes weight w (rungs 6-7 need a C compiler and groups of a multiple of 8 inputs)."""
+    return name not in kk.C_RUNGS or (kk.available(name)[0] and kk._weight(w).lanes is not None)
 
 
 def close(y, ref, k):
@@ -59,9 +60,10 @@ def test_random_shapes(n, groups, group, m, scheme, seed, shift):
     for name in kk.EXACT:
         if runs(name, w):
             assert close(kk.RUNGS[name](x, w), ref, groups * group), name
-        elif name == kk.C_RUNG and kk.available(name)[0]:
-            assert_refused(lambda: kk.compiled_c(x, w), ValueError, "w", w, "a multiple of 8 inputs")
-    assert close(kk.integer_dot(x, w), int8_exact(x, q, kk.x_block(group)), groups * group)
+        elif name in kk.C_RUNGS and kk.available(name)[0]:
+            assert_refused(lambda: kk.RUNGS[name](x, w), ValueError, "w", w, "a multiple of 8 inputs")
+    for name in filter(lambda name: runs(name, w), kk.APPROXIMATE):
+        assert close(kk.RUNGS[name](x, w), int8_exact(x, q, kk.x_block(group)), groups * group), name
 
 
 @pytest.mark.parametrize("group_size", ["channel", "tensor"])
@@ -88,10 +90,13 @@ def int8_exact(x: torch.Tensor, q, block: int) -> torch.Tensor:
     return (x_hat @ q.dequantize().double().T).float()
 
 
+@pytest.mark.parametrize("name", kk.APPROXIMATE)
 @pytest.mark.parametrize("group", [32, 64, 128])
-def test_integer_rung(group):
+def test_integer_rungs(name, group):
     q, x = layer(64, 4 * group, group, seed=group)
-    y = kk.integer_dot(x, q)
+    if not runs(name, q):
+        pytest.skip(f"{name} does not run here: {kk.available(name)[1]}")
+    y = kk.RUNGS[name](x, q)
     assert close(y, int8_exact(x, q, 32), 4 * group)
     # against the exact FP32 product: int8 rounding of x costs about 1/254 of each block's largest |x|,
     # so the error is far below the product's size but not zero

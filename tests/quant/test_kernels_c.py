@@ -1,8 +1,9 @@
-"""Rung 6's build (labkit.quant.kernels_c): the layout it reads holds every code, scale and offset where its
-comment says, for both lane counts; the library is built once and found again; a build for 8 lanes (AVX2) gives the same
-product as the native one; its threads give the same product; a weight laid out for another build is
-refused; a machine without a working C compiler gets a reason and a clean refusal instead of a crash (the
-other rungs and the ladder go on)."""
+"""Rungs 6 and 7's build (labkit.quant.kernels_c): the layout they read holds every code, scale and offset where
+its comment says, for both lane counts; the library is built once and found again; a build for 8 lanes (AVX2)
+gives the same product as the native one, and a build without SIMD (rung 7's plain-C path) the same as the
+AVX2 one; threads give the same product; rung 7 stays exact at the int16 limit of its byte products; a weight
+laid out for another build is refused; a machine without a working C compiler gets a reason and a clean
+refusal instead of a crash (the other rungs and the ladder go on)."""
 import platform
 
 import numpy as np
@@ -12,10 +13,11 @@ import torch
 from labkit.quant import kernels as kk
 from labkit.quant import kernels_c as kc
 from labkit.quant import kernels_speed as ks
+from labkit.quant.qtensor import quantize
 
-from .test_kernels import close, exact, layer
+from .test_kernels import close, exact, int8_exact, layer
 
-needs_c = pytest.mark.skipif(not kc.available()[0], reason=f"rung 6 is not built here: {kc.available()[1]}")
+needs_c = pytest.mark.skipif(not kc.available()[0], reason=f"rungs 6-7 are not built here: {kc.available()[1]}")
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
@@ -47,8 +49,8 @@ def test_threads_give_the_same_product(threads):
     q, _ = layer(50, 4 * 128 + 64, 64, seed=5)  # 50 rows: a partial last block
     x = torch.randn(3, 4 * 128 + 64, generator=torch.Generator().manual_seed(6))
     with kk.threads(min(threads, kk.jit.max_threads())):
-        y = kk.compiled_c(x, q)
-    assert close(y, exact(x, q), 576)
+        y, y_int8 = kk.compiled_c(x, q), kk.compiled_c_int8(x, q)
+    assert close(y, exact(x, q), 576) and close(y_int8, int8_exact(x, q, 32), 576)
 
 
 @needs_c
@@ -70,9 +72,37 @@ def test_an_avx2_build_gives_the_same_product(monkeypatch):
     assert ok and how.endswith("8 float lanes"), how
     avx2 = kk.pack_weight(q)
     assert close(kk.compiled_c(x, avx2), exact(x, q), 448) and close(y_native, exact(x, q), 448)
+    assert close(kk.compiled_c_int8(x, avx2), int8_exact(x, q, 32), 448)
     if native.lanes.lanes != 8:  # a weight laid out for the other build is refused, never misread
-        with pytest.raises(RuntimeError, match="laid out for 16 lanes, rung 6 is built here for 8"):
+        with pytest.raises(RuntimeError, match="laid out for 16 lanes, rungs 6 and 7 are built here for 8"):
             kk.compiled_c(x, native)
+
+
+@needs_c
+def test_the_plain_c_path_gives_the_same_int8_product(monkeypatch):
+    # without -march=native no SIMD macro is defined: rung 7 runs its plain-C loop instead of vpmaddubsw
+    q, x = layer(37, 448, 64, seed=8)
+    x = torch.cat([x, -x])  # two rows
+    y_simd = kk.compiled_c_int8(x, q)
+    monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -fopenmp")
+    assert kc.available()[0]
+    y_plain = kk.compiled_c_int8(x, kk.pack_weight(q))
+    assert close(y_plain, int8_exact(x, q, 32), 448) and close(y_simd, y_plain, 448)
+
+
+@needs_c
+@pytest.mark.parametrize("sign", [1, -1])
+def test_rung_7_at_the_int16_limit(sign):
+    # every nibble 15 (code 7) and every x at +-127 after rounding: a block of 32 inputs sums to
+    # 4 words * 2 * (15 * 127 * 2) = 30,480 in int16 before vpmaddwd, just under 32,767
+    n, k = 24, 128
+    w = torch.full((n, k), 7.0)
+    w[:, ::32] = -8.0  # one code -8 per group so that the asymmetric scale is 1 and the zero point 0
+    q = quantize(w, 4, "asym", 32)
+    assert int(q.codes.max()) == 7
+    x = torch.full((1, k), float(sign))
+    assert close(kk.compiled_c_int8(x, q), int8_exact(x, q, 32), k)
+    assert close(kk.compiled_c_int8(x, q), exact(x, q), k)  # +-1 rounds to +-127 * (1 / 127) exactly
 
 
 def test_no_compiler_gives_a_reason_and_a_clean_refusal(monkeypatch):
@@ -81,12 +111,14 @@ def test_no_compiler_gives_a_reason_and_a_clean_refusal(monkeypatch):
     ok, why = kc.available()
     assert not ok and "no C compiler" in why
     q, x = layer(8, 64, 32)
-    with pytest.raises(RuntimeError, match="rung 6 .* not available on this machine: no C compiler"):
-        kk.compiled_c(x, q)
-    assert kk.available(kk.C_RUNG) == (False, why)
+    for rung in (kk.compiled_c, kk.compiled_c_int8):
+        with pytest.raises(RuntimeError, match="rungs 6 and 7 .* not available on this machine: no C compiler"):
+            rung(x, q)
+    assert all(kk.available(name) == (False, why) for name in kk.C_RUNGS)
     run = ks.measure_ladder(16, 64, matrices=1, repeats=1, slow_repeats=1, threads=(1,), roof_bytes=4096)
-    assert run.missing == {kk.C_RUNG: why} and kk.C_RUNG not in run.rungs
-    assert any(line.startswith(kk.C_RUNG) and "not run here: no C compiler" in line for line in run.lines())
+    assert run.missing == {name: why for name in kk.C_RUNGS} and not set(kk.C_RUNGS) & set(run.rungs)
+    for name in kk.C_RUNGS:
+        assert any(line.startswith(name) and "not run here: no C compiler" in line for line in run.lines())
     assert close(kk.blocked(x, q), exact(x, q), 64)  # the other rungs go on
 
 
@@ -101,7 +133,7 @@ def test_a_compiler_that_fails_gives_its_complaint(monkeypatch, tmp_path):
 
 def test_switched_off(monkeypatch):
     monkeypatch.setenv("LABKIT_C", "0")
-    assert kc.available() == (False, "LABKIT_C=0 switches rung 6 off")
+    assert kc.available() == (False, "LABKIT_C=0 switches rungs 6 and 7 off")
 
 
 @needs_c
@@ -113,6 +145,8 @@ def test_a_weight_laid_out_without_rung_6_is_refused_once_it_is_built(monkeypatc
     monkeypatch.delenv("LABKIT_C")
     with pytest.raises(RuntimeError, match="laid out while rung 6 was not built here: lay it out again"):
         kk.compiled_c(x, w)
+    with pytest.raises(RuntimeError, match="laid out while rung 7 was not built here: lay it out again"):
+        kk.compiled_c_int8(x, w)
     assert close(kk.compiled_c(x, kk.pack_weight(q)), exact(x, q), 64)
 
 
@@ -127,9 +161,41 @@ def test_gemv_refuses_shapes_that_do_not_fit_the_layout():
         kc.gemv(np.zeros((1, 96), np.float32), np.zeros((1, 3), np.float32), w.lanes, 20, 1, y)  # K 96, laid out 64
     with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
         kc.gemv(x_np, sums, w.lanes, 20, 1, np.empty((1, 19), np.float32))
-    with pytest.raises(ValueError, match="groups of a multiple of 8"):
+    with pytest.raises(ValueError, match="groups must be a count of groups of a multiple of 8"):
         kc.gemv(x_np, np.zeros((1, 5), np.float32), w.lanes, 20, 1, y)
     with pytest.raises(ValueError, match=r"x \[M, K\] and x_sums \[M, G\]"):
         kc.gemv(x_np[0], sums, w.lanes, 20, 1, y)
     kc.gemv(x_np, sums, w.lanes, 20, 1, y)  # still usable
     assert close(torch.from_numpy(y), exact(x, q), 64)
+
+
+@needs_c
+def test_gemv_int8_refuses_shapes_that_do_not_fit_the_layout():
+    q, x = layer(20, 64, 32)
+    w = kk.pack_weight(q)
+    x_np = x.numpy()
+    y = np.empty((1, 20), np.float32)
+    with pytest.raises(ValueError, match="block must be 8, 16 or 32 inputs"):
+        kc.gemv_int8(x_np, 64, 2, w.lanes, 20, 1, y)  # one block of 64 inputs
+    with pytest.raises(ValueError, match="block must be 8, 16 or 32 inputs"):
+        kc.gemv_int8(x_np, 32, 4, w.lanes, 20, 1, y)  # groups of 16 inputs: a block of 32 spans two
+    with pytest.raises(ValueError, match=r"layout.scale must be shape \(3, 4, \d+\)"):
+        kc.gemv_int8(x_np, 16, 4, w.lanes, 20, 1, y)  # 4 groups, laid out with 2
+    with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
+        kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, np.empty((1, 21), np.float32))
+    kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, y)  # still usable
+    assert close(torch.from_numpy(y), int8_exact(x, q, 32), 64)
+
+
+@needs_c
+def test_rung_7_rounds_x_as_quantize_activations_does():
+    # the C loop rounds x itself: the same int8 codes and scales as the torch ops rung 5 uses, ties included
+    # (2.5 and -0.5 times a block's scale round to even)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(9))
+    x[0, :32] = torch.arange(32) - 15.5  # amax 15.5: x / scale has halves only if scale divides exactly
+    x[1, :32] = 0  # an all-zero block
+    x[2, :32] = torch.tensor([127.0, 2.5, -0.5, 1.5] * 8)  # scale 1: the ties 2.5 -> 2, -0.5 -> 0, 1.5 -> 2
+    q, _ = layer(24, 256, 32, seed=10)
+    y = kk.compiled_c_int8(x, q)
+    assert torch.equal(y, kk.compiled_c_int8(x, q))  # deterministic
+    assert close(y, int8_exact(x, q, 32), 256) and close(y, kk.integer_dot(x, q), 256)
