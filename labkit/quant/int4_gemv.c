@@ -147,16 +147,20 @@ static void quantize_row(const float *x, int64_t k, int64_t block, int64_t group
         xs[g] = 0;
     for (int64_t b = 0; b < k / block; b++) {
         const float *xb = x + b * block;
+        int8_t *e = xe + b * block / 2, *o = xo + b * block / 2;
         float amax = 0;
-        for (int64_t i = 0; i < block; i++)
-            amax = xb[i] > amax ? xb[i] : -xb[i] > amax ? -xb[i] : amax;
+        for (int64_t i = 0; i < block; i++) {
+            const float a = xb[i] < 0 ? -xb[i] : xb[i];
+            amax = a > amax ? a : amax;
+        }
         const float d = amax > 0 ? amax / 127.0f : 1.0f;
         int32_t sum = 0;
-        for (int64_t i = 0; i < block; i++) {
-            float q = __builtin_rintf(xb[i] / d); /* the default rounding mode: to nearest, ties to even */
-            q = q > 127 ? 127 : q < -127 ? -127 : q;
-            sum += (int32_t)q;
-            (i % 2 ? xo : xe)[(b * block + i) / 2] = (int8_t)q;
+        for (int64_t i = 0; i < block / 2; i++) { /* the default rounding mode: to nearest, ties to even */
+            const float qe = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(xb[2 * i] / d), -127), 127);
+            const float qo = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(xb[2 * i + 1] / d), -127), 127);
+            e[i] = (int8_t)qe;
+            o[i] = (int8_t)qo;
+            sum += (int32_t)qe + (int32_t)qo;
         }
         x_scale[b] = d;
         xs[b * block / group_len] += d * (float)sum;

@@ -120,9 +120,12 @@ def _input(x, w: Int4Weight) -> torch.Tensor:
     k = w.shape[1]
     if x.dim() not in (1, 2) or x.shape[-1] != k or x.numel() == 0:
         fail("x", tuple(x.shape), f"a shape [{k}] or [M, {k}] (M >= 1) to multiply a weight [{w.shape[0]}, {k}]")
-    if not torch.isfinite(x).all():
+    if x.device.type != "cpu":
+        fail("x", x.device, "a CPU tensor (the rungs are CPU kernels: move it with .cpu())")
+    x = x.detach().reshape(-1, k).contiguous()
+    if not np.isfinite(x.numpy()).all():  # numpy's check: a tenth of torch's on a decode step's x
         fail("x", "a NaN or inf", "finite values")
-    return x.reshape(-1, k).contiguous()
+    return x
 
 
 def _ladder_rung(body: Callable[[torch.Tensor, Int4Weight], torch.Tensor]):

@@ -83,6 +83,12 @@ class LadderRun:
     def roof_share(self, name: str, threads: int) -> float:
         return self.bytes_per_s(name, threads) / self.bytes_per_s(ROOF, threads)
 
+    def roof_shares(self, name: str, threads: int) -> list[float]:
+        """roof_share per round: the rung's read rate over the roof's in the same round (interleave's rounds
+        line up), the repeats labkit.course.evidence.against_goal judges a goal on."""
+        rung, roof = self.timings[case(name, threads)].times, self.timings[case(ROOF, threads)].times
+        return [self.weight_bytes[name] / t / (self.roof_bytes / r) for t, r in zip(rung, roof)]
+
     def flops_per_s(self, name: str, threads: int) -> float:
         return 2 * self.n * self.k / self.seconds(name, threads)
 

@@ -23,6 +23,8 @@ def test_a_small_run_has_every_case_and_consistent_figures():
     assert run.best(1) == min(kernels.RUNGS, key=lambda r: run.seconds(r, 1))
     assert len(run.lines()) == 1 + len(kernels.RUNGS) + 1
     assert set(run.verdicts(1)) == {"vs torch", "roof"}
+    rung, roof = run.timings[ks.case(name, 1)].times, run.timings[ks.case(ks.ROOF, 1)].times
+    assert run.roof_shares(name, 1) == pytest.approx([w_bytes / a / (4096 / b) for a, b in zip(rung, roof)])
 
 
 def fake(times=(1e-3, 1.05e-3, 1.1e-3, 1.15e-3, 1.2e-3)):
