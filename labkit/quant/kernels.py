@@ -22,9 +22,10 @@
                    and a mask give the codes, a bit trick turns them into floats, nothing is summed across
                    lanes; OpenMP threads over blocks of rows. Only where a C compiler is (kernels_c), for groups
                    of a multiple of 8 inputs
-    7 C int8       rung 5's arithmetic in C on rung 6's layout: the codes stay bytes, and AVX2's vpmaddubsw
-                   multiplies 32 of them by 32 int8 inputs at once (llama.cpp's Q4_0 x Q8_0 idea); one float
-                   step per block of 32 inputs. Approximate as rung 5; where rung 6 is
+    7 C int8       rung 5's arithmetic (llama.cpp's Q4_0 x Q8_0 idea) in C on rung 6's layout: the codes stay
+                   bytes, and AVX2's vpmaddubsw multiplies 32 of them (8 rows x 4 inputs) by 4 int8 inputs
+                   broadcast to every row; one float step per block of 32 inputs (8 or 16 for shorter groups).
+                   Approximate as rung 5; where rung 6 is
 
 RUNGS lists them in order (name -> function). The loops are in kernels_jit.py and int4_gemv.c.
 with_rung(model, name) runs every QuantLinear of a quantized TinyLM through one rung (notebook 03 measures rung

@@ -224,11 +224,15 @@ def gemv_int8(x: np.ndarray, block: int, groups: int, layout: LaneLayout, n_rows
     RuntimeError when rung 7 is not built here, or the layout was written for another build."""
     if x.ndim != 2:
         fail("x", tuple(x.shape), "x [M, K]")
+    if not np.isfinite(x).all():  # the C loop would round a NaN to a code and report an inf as out of memory
+        fail("x", "a NaN or inf", "finite values")
     k = x.shape[1]
-    if block not in (8, 16, 32) or groups < 1 or k % groups or (k // groups) % block:
+    if groups < 1 or k % groups:
+        fail("groups", groups, f"a count of groups that divides x's {k} inputs")
+    if block not in (8, 16, 32) or (k // groups) % block:
         fail("block", block, f"8, 16 or 32 inputs, dividing each of the {groups} groups of x's {k} inputs")
     dll = _checked(x.shape, groups, layout, n_rows, y)
     dll.int4_gemv_int8(x, layout.words, layout.scale, layout.offset, x.shape[0], n_rows, k, groups, block, threads,
                        y)
     if np.isnan(y).all() and y.size:  # int4_gemv_int8 could not allocate its int8 copy of x
-        raise MemoryError(f"rung 7 could not allocate {x.size} bytes for x rounded to int8")
+        raise MemoryError(f"rung 7 could not allocate {x.size} bytes for x rounded to int8 and its scales")

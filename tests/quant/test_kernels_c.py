@@ -183,6 +183,10 @@ def test_gemv_int8_refuses_shapes_that_do_not_fit_the_layout():
         kc.gemv_int8(x_np, 16, 4, w.lanes, 20, 1, y)  # 4 groups, laid out with 2
     with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
         kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, np.empty((1, 21), np.float32))
+    with pytest.raises(ValueError, match="x must be finite values"):
+        kc.gemv_int8(np.full((1, 64), np.nan, np.float32), 32, 2, w.lanes, 20, 1, y)
+    with pytest.raises(ValueError, match="groups must be a count of groups that divides"):
+        kc.gemv_int8(x_np, 8, 3, w.lanes, 20, 1, y)
     kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, y)  # still usable
     assert close(torch.from_numpy(y), int8_exact(x, q, 32), 64)
 
