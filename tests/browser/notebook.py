@@ -109,14 +109,22 @@ def _run_all(page, deadline: float) -> None:
 
 
 def _saved_notebook(page, lab: Lab, name: str, timeout_ms: float) -> dict:
-    """Save the notebook from the page and read the file JupyterLab wrote."""
+    """Save the notebook from the page and read the file JupyterLab wrote. The server writes the file in place
+    (truncate, then write), so a read between the two finds an empty or cut file: read again until it parses."""
     path = lab.root / name
     before = path.stat().st_mtime_ns
     page.keyboard.press("Control+s")
     deadline = time.monotonic() + timeout_ms / 1000
-    while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
-        page.wait_for_timeout(200)  # polling the file: the save is JupyterLab's, not the page's
-    return json.loads(path.read_text())
+    while True:  # polling the file: the save is JupyterLab's, not the page's
+        if path.stat().st_mtime_ns != before:
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError:
+                if time.monotonic() > deadline:
+                    raise
+        elif time.monotonic() > deadline:
+            raise AssertionError(f"JupyterLab did not save {name} within {timeout_ms / 1000:.0f} s")
+        page.wait_for_timeout(200)
 
 
 def _verdicts(nb: dict) -> list[str]:
