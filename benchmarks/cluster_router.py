@@ -9,7 +9,8 @@ Every cluster is a router (`python -m labkit.cluster`) and TinyLM replicas (`pyt
 (labkit.cluster.load.run_load), streaming, greedy. The clusters of one comparison are all up at once and take turns
 (an idle replica blocks on its queue and costs no CPU); each repeat uses a trace of its own seed, so no repeat is
 served from a cache an earlier one warmed. Ratios are medians over the repeats, with each repeat's ratio beside
-them; a goal is met when every repeat's ratio reaches it (labkit.course.evidence.against_goal: 6 repeats at least).
+them; a goal is met when enough repeats' ratios reach it (labkit.course.evidence.against_goal, the sign test: all 6 of
+6, 12 of 15).
 The CPU seconds every process of a cluster spent, over the run's wall time, say how many cores the run kept busy: on
 2 cores, 2 replicas, the router and the client share them.
 """

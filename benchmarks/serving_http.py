@@ -15,13 +15,13 @@ here, by two load generators in turn:
           (as vLLM's benchmarks/benchmark_serving.py drives a server with aiohttp: the client's own CPU kept
           small, so the server is what is measured).
 Tokens/s = output tokens / (last token - start). The runs take turns, `repeats` times; the ratio of medians is
-printed with the per-repeat ratios, and the goal is met when every repeat's ratio reaches it (the course's rule,
-labkit.course.evidence.against_goal: 6 repeats at least). The load generator shares the machine's cores with
-the server, as one on the same host does, so the CPU seconds per output token of the API process, the engine process it spawned and
-the load generator are printed beside the ratio, with the ceiling they set: on `cores` cores the HTTP run can
-reach at most cores / (their sum) tokens per second, shown as a share of the in-process run beside it. The
-service is started once per stream interval (`--stream-interval`: tokens per streamed chunk at least; 1 sends
-every token as it is made).
+printed with the per-repeat ratios, and the goal is met when enough repeats' ratios reach it (the course's rule,
+labkit.course.evidence.against_goal, the sign test: all 6 of 6, 12 of 15). The load generator shares the
+machine's cores with the server, as one on the same host does, so the CPU seconds per output token of the API
+process, the engine process it spawned and the load generator are printed beside the ratio, with the ceiling
+they set: on `cores` cores the HTTP run can reach at most cores / (their sum) tokens per second, shown as a share
+of the in-process run beside it. The service is started once per stream interval (`--stream-interval`: tokens
+per streamed chunk at least; 1 sends every token as it is made).
 """
 
 import argparse

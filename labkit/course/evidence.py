@@ -20,11 +20,15 @@ anything else reads "unreliable on this run" with the reason, and a later verdic
 figure from an unreliable comparison (check `reliable`).
 
 A goal ("continuous at least 2x static", the benchmarks' goals) is a fixed line, not a second set of repeats.
-The same rule, applied to repeats of a ratio against its goal (`against_goal`, the sign test):
+The same bound, applied to n repeats of a ratio against its goal (`against_goal`, the two-sided sign test):
 
-    the repeats meet the goal when every one of them is >= goal, miss it when every one is < goal, and
-    they are enough when a ratio whose median sits exactly on the goal (each repeat above or below it
-    with chance 1/2) would rarely put all n on one side: 2 / 2**n <= FALSE_DIRECTION, so n >= 6.
+    a ratio whose median sits exactly on the goal puts each repeat above or below it with chance 1/2, so
+    k or more of its n repeats land on one side with chance 2 P(Binomial(n, 1/2) >= k) (`sign_chance`).
+    The repeats meet the goal when at least k of them are >= goal and miss it when at least k are < goal,
+    k the least count whose chance is <= FALSE_DIRECTION (`sign_needed`); fewer than 6 repeats never do.
+
+    repeats n           6     7     8     9    10    12    15    20
+    needed on a side    6     7     8     8     9    10    12    15
 """
 
 from __future__ import annotations
@@ -124,37 +128,50 @@ def compare(a_name: str, a, b_name: str, b, unit: str = "") -> Comparison:
     return Comparison(a_name, b_name, ratio, not reason, reason)
 
 
-def sign_chance(n: int) -> float:
-    """The chance that n repeats of a measurement whose median is exactly the goal all fall on one side of it:
-    2 / 2**n (the sign test, two-sided). The rule asks for at most FALSE_DIRECTION."""
+def sign_chance(n: int, k: int | None = None) -> float:
+    """The chance that at least k (n by default) of n repeats of a measurement whose median is exactly the goal
+    fall on one side of it, either side: 2 P(Binomial(n, 1/2) >= k), at most 1 (the sign test, two-sided)."""
     check_int("n", n, 1)
-    return min(1.0, 2 / 2**n)
+    k = n if k is None else check_int("k", k, 1, n, "repeats on one side, of n")
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n)
 
 
-MIN_GOAL_REPEATS = next(n for n in range(1, 100) if sign_chance(n) <= FALSE_DIRECTION)
+def sign_needed(n: int) -> int | None:
+    """The fewest of n repeats that must lie on one side of a goal to decide it (sign_chance <= FALSE_DIRECTION),
+    None when even all n would not (n < MIN_GOAL_REPEATS)."""
+    check_int("n", n, 1)
+    return next((k for k in range(n // 2 + 1, n + 1) if sign_chance(n, k) <= FALSE_DIRECTION), None)
+
+
+MIN_GOAL_REPEATS = next(n for n in range(1, 100) if sign_needed(n) is not None)
 """The fewest repeats that can say a goal is met or missed (6)."""
 
 
 @dataclass(frozen=True)
 class GoalCheck:
-    """Repeats of one figure (a ratio, a share) against a goal line under the rule of this module. `met` is
-    True or False only when `reliable`; `reason` says why not ("" when reliable)."""
+    """Repeats of one figure (a ratio, a share) against a goal line under the rule of this module: `above` of
+    `repeats` reach the goal. `met` is True or False only when `reliable`; `reason` says why not ("" when
+    reliable)."""
     name: str
     goal: float
     median: float
+    above: int
+    repeats: int
     reliable: bool
     reason: str
 
     @property
     def met(self) -> bool | None:
-        """True: every repeat >= goal; False: every repeat < goal; None: unreliable."""
-        return None if not self.reliable else self.median >= self.goal
+        """True: enough repeats >= goal; False: enough repeats < goal; None: unreliable."""
+        return None if not self.reliable else 2 * self.above > self.repeats
 
     def verdict(self) -> str:
-        """'goal met', 'goal NOT met', or 'unreliable on this run (<reason>)'."""
+        """'goal met (12 of 15 repeats >= 0.7)', 'goal NOT met (...)' or 'unreliable on this run (<reason>)'."""
         if not self.reliable:
             return f"{UNRELIABLE} ({self.reason})"
-        return f"goal {'met' if self.met else 'NOT met'} (every repeat {'>=' if self.met else '<'} {self.goal:g})"
+        side = self.above if self.met else self.repeats - self.above
+        count = "every repeat" if side == self.repeats else f"{side} of {self.repeats} repeats"
+        return f"goal {'met' if self.met else 'NOT met'} ({count} {'>=' if self.met else '<'} {self.goal:g})"
 
 
 def against_goal(name: str, values, goal: float) -> GoalCheck:
@@ -164,14 +181,15 @@ def against_goal(name: str, values, goal: float) -> GoalCheck:
     if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not math.isfinite(goal):
         fail("goal", goal, "a finite number")
     x = _samples("values", values)
-    above = sum(v >= goal for v in x)
-    risk = sign_chance(len(x))
-    if risk > FALSE_DIRECTION:
-        reason = (f"{len(x)} repeats of {name}: a figure sitting on the goal puts them all on one side "
-                  f"{risk:.0%} of the time, the rule allows {FALSE_DIRECTION:.0%} ({MIN_GOAL_REPEATS} repeats)")
-    elif 0 < above < len(x):
-        reason = (f"{above} of {len(x)} repeats of {name} ({_span(x, '')}) reach {goal:g}: "
-                  "the goal is within this run's noise")
+    above, n = sum(v >= goal for v in x), len(x)
+    need = sign_needed(n)
+    if need is None:
+        reason = (f"{n} repeats of {name}: a figure sitting on the goal puts them all on one side "
+                  f"{sign_chance(n):.0%} of the time, the rule allows {FALSE_DIRECTION:.0%} ({MIN_GOAL_REPEATS} "
+                  "repeats)")
+    elif above < need and n - above < need:
+        reason = (f"{above} of {n} repeats of {name} ({_span(x, '')}) reach {goal:g}, the sign test needs {need} "
+                  "on one side: the goal is within this run's noise")
     else:
         reason = ""
-    return GoalCheck(name, float(goal), statistics.median(x), not reason, reason)
+    return GoalCheck(name, float(goal), statistics.median(x), above, n, not reason, reason)

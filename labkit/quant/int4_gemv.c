@@ -31,10 +31,15 @@
 #include <immintrin.h>
 #endif
 
+#if !defined(LANES) /* -DLANES=16 builds AVX-512's layout on an AVX2 CPU as well (tests/quant/test_kernels_c.py) */
 #if defined(__AVX512F__)
 #define LANES 16
 #else
 #define LANES 8
+#endif
+#endif
+#if LANES != 8 && LANES != 16
+#error "LANES must be 8 or 16"
 #endif
 typedef uint32_t words_v __attribute__((vector_size(4 * LANES))); /* GCC/clang vectors: the compiler maps */
 typedef float floats_v __attribute__((vector_size(4 * LANES)));   /* them onto the CPU's SIMD registers */
@@ -138,6 +143,12 @@ static inline __attribute__((always_inline)) void int8_block(const uint32_t *wor
     }
 #endif
 }
+
+#if defined(__AVX2__)
+int int4_gemv_int8_simd(void) { return 1; } /* rung 7's byte products: vpmaddubsw (1) or plain C (0) */
+#else
+int int4_gemv_int8_simd(void) { return 0; }
+#endif
 
 /* x's row [K] rounded as llama.cpp's Q8_0 (and labkit.quant.kernels.quantize_activations): per block,
    x_scale = max |x| / 127 (1 for an all-zero block) and xq = round(x / x_scale), ties to even; the even and

@@ -10,7 +10,8 @@ the compiler's version and the flags, so that a new CPU flag or an edited kernel
 compiler is $CC when set, else cc, gcc or clang on PATH. Flags are tried best first: -march=native (the
 CPU's own SIMD) with OpenMP, then without OpenMP (one thread), then plain -O3 (Apple clang without libomp
 stops at the second); $LABKIT_CFLAGS replaces them with one set of your own (try "-O3 -march=haswell
--fopenmp" on an AVX-512 machine to see what its wider registers buy). With no compiler, or when every
+-fopenmp" on an AVX-512 machine to see what its wider registers buy; add -DLANES=16 for AVX-512's layout on
+an AVX2 CPU). With no compiler, or when every
 build fails, available() says why and gemv and gemv_int8 raise a RuntimeError naming the reason: the other
 rungs do not need it (lab 08's compiler probe does the same for torch.compile). LABKIT_C=0 switches rungs 6
 and 7 off.
@@ -123,13 +124,14 @@ def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctype
         except OSError as e:
             complaints.append(f"{' '.join(flags)}: built but would not load ({e})")
             continue
-        dll.int4_gemv_lanes.restype = ctypes.c_int
+        dll.int4_gemv_lanes.restype = dll.int4_gemv_int8_simd.restype = ctypes.c_int
         dll.int4_gemv.restype = None
         dll.int4_gemv.argtypes = [_f32, _f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, ctypes.c_int, _f32]
         dll.int4_gemv_int8.restype = None
         dll.int4_gemv_int8.argtypes = [_f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, _f32]
         openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
-        return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes"
+        rung_7 = "AVX2 byte products" if dll.int4_gemv_int8_simd() else "plain C"
+        return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes, rung 7 in {rung_7}"
     return None, f"{cc} could not build {SOURCE.name}: " + "; ".join(complaints)
 
 

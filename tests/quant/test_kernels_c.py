@@ -1,8 +1,8 @@
-"""Rungs 6 and 7's build (labkit.quant.kernels_c): the layout they read holds every code, scale and offset where
-its comment says, for both lane counts; the library is built once and found again; a build for 8 lanes (AVX2)
-gives the same product as the native one, and a build without SIMD (rung 7's plain-C path) the same as the
-AVX2 one; threads give the same product; rung 7 stays exact at the int16 limit of its byte products; a weight
-laid out for another build is refused; a machine without a working C compiler gets a reason and a clean
+"""Rungs 6 and 7's build (labkit.quant.kernels_c): the layout they read holds every code, scale and offset where its
+comment says, for both lane counts; the library is built once and found again; builds for AVX2 with 8 lanes and
+with AVX-512's 16 give the same product as the native one, and a build without SIMD (rung 7's plain-C path) the
+same as the AVX2 one; threads give the same product; rung 7 stays exact at the int16 limit of its byte products;
+a weight laid out for another build is refused; a machine without a working C compiler gets a reason and a clean
 refusal instead of a crash (the other rungs and the ladder go on)."""
 import platform
 
@@ -63,18 +63,24 @@ def test_the_library_is_cached_per_source_and_compiler():
 
 @needs_c
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-march=haswell is an x86 flag")
-def test_an_avx2_build_gives_the_same_product(monkeypatch):
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_an_avx2_build_gives_the_same_product(monkeypatch, lanes):
+    # -DLANES=16: AVX-512's layout (two 8-row halves per vpmaddubsw step) built and run on any AVX2 CPU
     q, x = layer(37, 448, 32, seed=7)  # 37 rows: a partial block of 8 and of 16 rows
     native = kk.pack_weight(q)
     y_native = kk.compiled_c(x, native)
-    monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -march=haswell -fopenmp")
+    monkeypatch.setenv("LABKIT_CFLAGS", f"-O3 -march=haswell -fopenmp -DLANES={lanes}")
     ok, how = kc.available()
-    assert ok and how.endswith("8 float lanes"), how
+    assert ok and how.endswith(f"{lanes} float lanes, rung 7 in AVX2 byte products"), how
     avx2 = kk.pack_weight(q)
+    assert avx2.lanes.lanes == lanes
     assert close(kk.compiled_c(x, avx2), exact(x, q), 448) and close(y_native, exact(x, q), 448)
     assert close(kk.compiled_c_int8(x, avx2), int8_exact(x, q, 32), 448)
-    if native.lanes.lanes != 8:  # a weight laid out for the other build is refused, never misread
-        with pytest.raises(RuntimeError, match="laid out for 16 lanes, rungs 6 and 7 are built here for 8"):
+    xx = torch.cat([x, -x])  # two rows
+    assert close(kk.compiled_c_int8(xx, avx2), int8_exact(xx, q, 32), 448)
+    if native.lanes.lanes != lanes:  # a weight laid out for the other build is refused, never misread
+        with pytest.raises(RuntimeError, match=f"laid out for {native.lanes.lanes} lanes, rungs 6 and 7 are built "
+                                               f"here for {lanes}"):
             kk.compiled_c(x, native)
 
 
@@ -85,7 +91,8 @@ def test_the_plain_c_path_gives_the_same_int8_product(monkeypatch):
     x = torch.cat([x, -x])  # two rows
     y_simd = kk.compiled_c_int8(x, q)
     monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -fopenmp")
-    assert kc.available()[0]
+    ok, how = kc.available()
+    assert ok and how.endswith("rung 7 in plain C"), how
     y_plain = kk.compiled_c_int8(x, kk.pack_weight(q))
     assert close(y_plain, int8_exact(x, q, 32), 448) and close(y_simd, y_plain, 448)
 
