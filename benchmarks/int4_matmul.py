@@ -15,8 +15,9 @@ run" when the machine was too busy. Also times the reference path (tiled dequant
 
 Issue 30, the kernel ladder (labkit.quant.kernels, timed by labkit.quant.kernels_speed.measure_ladder in the
 same run): rungs 1-7 (rungs 6-7: C built here by the machine's compiler, where there is one) and torch's INT4
-kernel, batch 1, on 4096x4096 (8 matrices cycled) and 4096x14336 (N = 4096 outputs, K = 14336 inputs, as
-ggml's MUL_MAT perf case; 3 matrices cycled), on 1 and 2 threads, each beside the roof of its thread count.
+kernel, batch 1, on 4096x4096 (8 matrices) and 4096x14336 (N = 4096 outputs, K = 14336 inputs, as ggml's
+MUL_MAT perf case; 3 matrices), every product on the matrix after the one the product before it read, on 1
+and 2 threads, each beside the roof of its thread count.
 Goals: the best rung at least as fast as torch's INT4 kernel and at least 70% of the measured roof (per
 round, under the course's rule for a goal: labkit.course.evidence.against_goal); its GFLOP/s beside
 llama.cpp's Q4_0 / Q4_K (shared/FACTS.md: ggml built on a 2-core AVX-512 Xeon of this project's machine kind

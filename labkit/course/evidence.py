@@ -26,6 +26,8 @@ The same bound, applied to n repeats of a ratio against its goal (`against_goal`
     k or more of its n repeats land on one side with chance 2 P(Binomial(n, 1/2) >= k) (`sign_chance`).
     The repeats meet the goal when at least k of them are >= goal and miss it when at least k are < goal,
     k the least count whose chance is <= FALSE_DIRECTION (`sign_needed`); fewer than 6 repeats never do.
+    (A repeat exactly on the goal counts as reaching it: right for ratios and timings, which land exactly on
+    a line with chance 0; a count that often equals its goal would need the ties set aside.)
 
     repeats n           6     7     8     9    10    12    15    20
     needed on a side    6     7     8     8     9    10    12    15

@@ -2,10 +2,10 @@
    them): int4_gemv (float arithmetic, exact) and int4_gemv_int8 (x rounded to int8, integer dot products).
 
    Plain C that this machine's own compiler turns into SIMD code for its own CPU (-O3 -march=native): LANES
-   floats per vector, 16 where the CPU has AVX-512, else 8 (wider vectors than the registers make GCC keep
-   them in memory). Output rows sit in the lanes, as in torch's own AVX-512 kernel: one input x[k], broadcast,
-   multiplies the codes of LANES rows at once, and nothing is ever summed across lanes. kernels_c.lay_out
-   writes the layout once per weight (as torch lays out its int4pack weight):
+   floats per vector, 16 where the CPU has AVX-512, else 8, unless -DLANES says otherwise (wider vectors than
+   the registers make GCC keep them in memory). Output rows sit in the lanes, as in torch's own AVX-512
+   kernel: one input x[k], broadcast, multiplies the codes of LANES rows at once, and nothing is ever summed
+   across lanes. kernels_c.lay_out writes the layout once per weight (as torch lays out its int4pack weight):
 
        words  uint32 [ceil(N / LANES), K / 8, LANES]: block b, word j, lane l holds the 8 nibbles of row
               b * LANES + l, inputs 8j .. 8j+7 (nibble t, bits 4t..4t+3 = code + 8 of input 8j + t)

@@ -11,10 +11,9 @@ compiler is $CC when set, else cc, gcc or clang on PATH. Flags are tried best fi
 CPU's own SIMD) with OpenMP, then without OpenMP (one thread), then plain -O3 (Apple clang without libomp
 stops at the second); $LABKIT_CFLAGS replaces them with one set of your own (try "-O3 -march=haswell
 -fopenmp" on an AVX-512 machine to see what its wider registers buy; add -DLANES=16 for AVX-512's layout on
-an AVX2 CPU). With no compiler, or when every
-build fails, available() says why and gemv and gemv_int8 raise a RuntimeError naming the reason: the other
-rungs do not need it (lab 08's compiler probe does the same for torch.compile). LABKIT_C=0 switches rungs 6
-and 7 off.
+an AVX2 CPU). With no compiler, or when every build fails, available() says why and gemv and gemv_int8 raise
+a RuntimeError naming the reason: the other rungs do not need it (lab 08's compiler probe does the same for
+torch.compile). LABKIT_C=0 switches rungs 6 and 7 off.
 """
 
 from __future__ import annotations
@@ -143,7 +142,8 @@ def available() -> tuple[bool, str]:
 
 
 def lanes() -> int:
-    """The float lanes rungs 6-7 were built for here (16 with AVX-512, else 8). RuntimeError when not built."""
+    """The float lanes rungs 6-7 were built for here (16 with AVX-512, else 8; -DLANES in $LABKIT_CFLAGS sets
+    it). RuntimeError when not built."""
     return _loaded().int4_gemv_lanes()
 
 

@@ -1,8 +1,9 @@
 """The INT4 GEMV ladder timed by lab 03's method (notebook 03, section 8; benchmarks/int4_matmul.py).
 
-    weights  `matrices` distinct [n, k] INT4 matrices (asymmetric, groups of `group_size`; seeded N(0, 0.02^2)),
-             every call taking the one after the matrix the call before it read (whichever case made it), so
-             that the weights come from memory
+    weights  `matrices` (>= 2) distinct [n, k] INT4 matrices (asymmetric, groups of `group_size`; seeded
+             N(0, 0.02^2)), each product, whichever case makes it, on the matrix after the one the product before
+             it read: matrices - 1 other products come between two reads of one matrix, so that the weights
+             come from memory (a case may meet the same matrix round after round)
     cases    each rung of labkit.quant.kernels.RUNGS and torch's INT4 kernel (QuantLinear's int4pack path,
              BF16 activations), each on every thread count in `threads`; the roof of each count: torch's
              a.sum() over speed.ROOF_BYTES (labkit.quant.speed's roof kernel)
@@ -129,7 +130,7 @@ class LadderRun:
 def _cycled(fn: Callable, args: list, threads: int, calls: Iterator[int]) -> Callable[[], object]:
     """A call of fn on args[c % len(args)], c the next number of `calls` (one counter for every case: each
     product takes the matrix after the one the product before it read, whichever case made it, so no case finds
-    its weights in the cache; in a probe, rung 7 after rung 6 on the same 4096x4096 matrix ran 11% faster), on
+    its weights in the cache; in a probe, rung 7 after rung 6 on the same 4096x4096 matrix took 11% less time), on
     `threads` threads."""
     def run():
         a = args[next(calls) % len(args)]
@@ -144,6 +145,8 @@ def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int
     for name, v in (("n", n), ("k", k), ("matrices", matrices), ("repeats", repeats),
                     ("slow_repeats", slow_repeats), ("group_size", group_size), ("roof_bytes", roof_bytes)):
         check_positive_int(name, v)
+    if matrices < 2:
+        fail("matrices", matrices, "at least 2 (each product reads another matrix than the one before it)")
     check_type("threads", threads, tuple, "a tuple of thread counts")
     for t in threads:
         kernels.threads(t)  # refuses counts this machine cannot run

@@ -119,9 +119,10 @@ def _saved_notebook(page, lab: Lab, name: str, timeout_ms: float) -> dict:
         if path.stat().st_mtime_ns != before:
             try:
                 return json.loads(path.read_text())
-            except json.JSONDecodeError:
+            except json.JSONDecodeError as e:
                 if time.monotonic() > deadline:
-                    raise
+                    raise AssertionError(f"{name} as JupyterLab saved it is not JSON after {timeout_ms / 1000:.0f} "
+                                         f"s: {e}") from e
         elif time.monotonic() > deadline:
             raise AssertionError(f"JupyterLab did not save {name} within {timeout_ms / 1000:.0f} s")
         page.wait_for_timeout(200)

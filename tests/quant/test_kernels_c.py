@@ -86,11 +86,13 @@ def test_an_avx2_build_gives_the_same_product(monkeypatch, lanes):
 
 @needs_c
 def test_the_plain_c_path_gives_the_same_int8_product(monkeypatch):
-    # without -march=native no SIMD macro is defined: rung 7 runs its plain-C loop instead of vpmaddubsw
+    # without -march=native (and with -mno-avx2 on x86, for compilers that default to AVX2) no SIMD macro is
+    # defined: rung 7 runs its plain-C loop instead of vpmaddubsw
     q, x = layer(37, 448, 64, seed=8)
     x = torch.cat([x, -x])  # two rows
     y_simd = kk.compiled_c_int8(x, q)
-    monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -fopenmp")
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -fopenmp" + (" -mno-avx2" if x86 else ""))
     ok, how = kc.available()
     assert ok and how.endswith("rung 7 in plain C"), how
     y_plain = kk.compiled_c_int8(x, kk.pack_weight(q))
@@ -122,7 +124,7 @@ def test_no_compiler_gives_a_reason_and_a_clean_refusal(monkeypatch):
         with pytest.raises(RuntimeError, match="rungs 6 and 7 .* not available on this machine: no C compiler"):
             rung(x, q)
     assert all(kk.available(name) == (False, why) for name in kk.C_RUNGS)
-    run = ks.measure_ladder(16, 64, matrices=1, repeats=1, slow_repeats=1, threads=(1,), roof_bytes=4096)
+    run = ks.measure_ladder(16, 64, matrices=2, repeats=1, slow_repeats=1, threads=(1,), roof_bytes=4096)
     assert run.missing == {name: why for name in kk.C_RUNGS} and not set(kk.C_RUNGS) & set(run.rungs)
     for name in kk.C_RUNGS:
         assert any(line.startswith(name) and "not run here: no C compiler" in line for line in run.lines())

@@ -36,7 +36,8 @@ def test_no_call_reads_the_matrix_the_call_before_it_read(monkeypatch):
         monkeypatch.setitem(kernels.RUNGS, name, record)
     monkeypatch.setattr(kernels.QuantLinear, "forward_int4pack",
                         lambda layer, x: read.append((ks.TORCH, id(layer))))
-    ks.measure_ladder(32, 64, matrices=3, repeats=4, slow_repeats=2, threads=(1, 2), roof_bytes=4096)
+    threads = (1, 2) if max_threads() >= 2 else (1,)
+    ks.measure_ladder(32, 64, matrices=3, repeats=4, slow_repeats=2, threads=threads, roof_bytes=4096)
     matrices = [m for _, m in read]
     assert len(set(matrices)) == 3 and {n for n, _ in read} == set(kernels.RUNGS) | {ks.TORCH}
     assert all(a != b for a, b in zip(matrices, matrices[1:]))
@@ -68,5 +69,7 @@ def test_refusals():
         ks.LadderRun(timings, nbytes, 32, 64, (1,), missing={"7 a rung that is not": "why"})
     with pytest.raises(ValueError, match="n must be"):
         ks.measure_ladder(0, 64)
+    with pytest.raises(ValueError, match="matrices must be at least 2 .* got 1"):
+        ks.measure_ladder(32, 64, matrices=1)
     with pytest.raises(ValueError, match="n must be an int in"):
         ks.measure_ladder(32, 64, threads=(max_threads() + 1,))
