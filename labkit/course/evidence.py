@@ -178,7 +178,7 @@ class GoalCheck:
 
 def against_goal(name: str, values, goal: float) -> GoalCheck:
     """Check the repeats `values` of `name` (a list of numbers, e.g. per-repeat ratios; benchmarks/serving_http.py,
-    serving_batching.py, cluster_router.py) against the line `goal` by the rule of this module."""
+    serving_batching.py, cluster_router.py, int4_matmul.py) against the line `goal` by the rule of this module."""
     check_type("name", name, str)
     if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not math.isfinite(goal):
         fail("goal", goal, "a finite number")
