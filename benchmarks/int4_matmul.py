@@ -80,10 +80,10 @@ def ladder(repeats: int = 15) -> None:
             print(f"@{t}: roof: {v['roof']}")
             fast = "met" if v["vs torch"].reliable and v["vs torch"].ratio >= 1 else \
                 "not met" if v["vs torch"].reliable else "not decided on this run"
-            roof = evidence.against_goal(f"{best} @{t}, share of the roof", run.roof_shares(best, t), ROOF_GOAL)
+            shares = run.roof_shares(best, t)
+            roof = evidence.against_goal(f"{best} @{t}, share of the roof", shares, ROOF_GOAL)
             print(f"@{t}: goal best rung >= torch's kernel: {fast}; goal >= {ROOF_GOAL:.0%} of the roof: "
-                  f"{roof.verdict()} (median {roof.median:.0%}, per round "
-                  f"{min(run.roof_shares(best, t)):.0%}-{max(run.roof_shares(best, t)):.0%})")
+                  f"{roof.verdict()} (median {roof.median:.0%}, per round {min(shares):.0%}-{max(shares):.0%})")
 
 
 if __name__ == "__main__":
