@@ -20,8 +20,9 @@ MUL_MAT perf case; 3 matrices), every product on the matrix after the one the pr
 and 2 threads, each beside the roof of its thread count.
 Goals: the best rung at least as fast as torch's INT4 kernel and at least 70% of the measured roof (per
 round, under the course's rule for a goal: labkit.course.evidence.against_goal); its GFLOP/s beside
-llama.cpp's Q4_0 / Q4_K (shared/FACTS.md: ggml built on a 2-core AVX-512 Xeon of this project's machine kind
-on 2026-12-01, 4096x14336 batch 1, 2 threads).
+llama.cpp's Q4_0 / Q4_K on 4096x14336, as ggml's `test-backend-ops perf -o MUL_MAT` measured them (LLAMA_CPP;
+that tool times one matrix again and again, on half the cores unless told otherwise: 1 thread on these 2-core
+machines). benchmarks/peers.py times llama.cpp in turns with the best rung.
 
 Copy the output into benchmarks/RESULTS.md.
 """
@@ -36,7 +37,11 @@ from labkit.quant import QuantLinear, kernels, kernels_speed, quantize, speed, v
 
 N = K = 4096
 LADDER_SHAPES = ((4096, 4096, 8), (4096, 14336, 3))  # (N, K, matrices cycled)
-LLAMA_CPP = {"q4_0": 58.7e9, "q4_K": 93.6e9}  # GFLOP/s, ggml on a 2-core AVX-512 Xeon (FACTS.md), 4096x14336 batch 1
+# ggml's MUL_MAT 4096x14336 batch 1, GFLOP/s by thread count: {threads: [(CPU, {type: GFLOP/s})]}. The Xeon's
+# (shared/FACTS.md, 2026-12-01) ran on test-backend-ops' default thread count, half of 2 cores; the EPYC's are
+# the best of 3 runs, each thread count set by a one-line patch (benchmarks/RESULTS.md, 2026-12-04).
+LLAMA_CPP = {1: [("AVX-512 Xeon", {"q4_0": 58.7e9, "q4_K": 93.6e9}), ("AVX2 EPYC", {"q4_0": 29.2e9, "q4_K": 32.3e9})],
+             2: [("AVX2 EPYC", {"q4_0": 57.8e9, "q4_K": 73.4e9})]}
 ROOF_GOAL = 0.7
 
 
@@ -73,9 +78,11 @@ def ladder(repeats: int = 15) -> None:
         for t in run.threads:
             v = run.verdicts(t)
             best = run.best(t)
-            print(f"@{t}: best rung {best!r}: {run.flops_per_s(best, t) / 1e9:.1f} GFLOP/s (llama.cpp, on an "
-                  "AVX-512 Xeon: "
-                  + ", ".join(f"{f} {g / 1e9:.1f}" for f, g in LLAMA_CPP.items()) + " GFLOP/s at 4096x14336)")
+            peers = "; ".join(f"{cpu} " + ", ".join(f"{f} {g / 1e9:.1f}" for f, g in figures.items())
+                              for cpu, figures in LLAMA_CPP.get(t, []))
+            print(f"@{t}: best rung {best!r}: {run.flops_per_s(best, t) / 1e9:.1f} GFLOP/s"
+                  + (f" (llama.cpp on {t} thread{'s' if t > 1 else ''}, 4096x14336, one matrix again and again: "
+                     f"{peers} GFLOP/s)" if peers and (n, k) == (4096, 14336) else ""))
             print(f"@{t}: vs torch: {v['vs torch']}")
             print(f"@{t}: roof: {v['roof']}")
             fast = "met" if v["vs torch"].reliable and v["vs torch"].ratio >= 1 else \

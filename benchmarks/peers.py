@@ -15,10 +15,12 @@ Notebooks 03 (parts text and gemv) and 06 (serving) run it in a cell when llama-
              difference.
 (b) GEMV     a one-layer Llama of width 4096 (d_ff 4096, 32 heads, vocabulary 256: per token, seven 4096 x 4096
              matrices and a 256 x 4096 one) in Q4_0 (lab 03's bytes) and Q4_K_S (llama.cpp's own quantizer);
-             llama.cpp's time per token over its seven matrices against labkit's QuantLinear INT4 over seven
-             distinct 4096 x 4096 layers, on 1 and 2 threads, and torch's sum over 256 MiB (the memory roof), all
-             in turns (labkit.course.timing.interleave). llama.cpp's time includes norms, RoPE, a short attention
-             and the 256-row output: its GFLOP/s (2 * 7 * 4096^2 FLOP per token) is a lower bound of its GEMV's.
+             llama.cpp's time per token over its seven matrices against labkit's QuantLinear INT4 (torch's
+             kernel) and lab 03's best rung (labkit.quant.kernels.RUNGS, rung 7 where a C compiler built it) over
+             seven distinct 4096 x 4096 layers, on 1 and 2 threads, and torch's sum over 256 MiB (the memory
+             roof), all in turns (labkit.course.timing.interleave). llama.cpp's time includes norms, RoPE, a short
+             attention and the 256-row output: its GFLOP/s (2 * 7 * 4096^2 FLOP per token) is a lower bound of its
+             GEMV's. Each case makes its seven products (llama.cpp: 16 tokens of them) one after another.
 (c) serving  `python -m llama_cpp.server` (Q8_0) against `python -m labkit.serving` (TinyLM, FP32), each on one
              torch/ggml thread, the same 32 concurrent streaming completions from the same `openai` client:
              output tokens/s, the median and p90 time to first token, and the tokens each stream got.
@@ -51,7 +53,7 @@ except ImportError:
 from labkit.course import interleave
 from labkit.day0.explore import free_port
 from labkit.paths import ROOT
-from labkit.quant import QuantLinear, quantize, write_gguf
+from labkit.quant import QuantLinear, kernels, quantize, write_gguf
 from labkit.quant.gguf import QUANTIZE, tensor_plan
 from labkit.quant.formats import dequantize_q4_0, dequantize_q8_0
 from labkit.quant.threads import torch_threads
@@ -180,8 +182,10 @@ def gemv(folder: Path, repeats: int) -> None:
     q4k = q4_k(f32, folder / "wide-q4_k_s.gguf")
     f32.unlink()
     gen = torch.Generator().manual_seed(0)
-    layers = [QuantLinear(quantize(torch.randn(WIDTH, WIDTH, generator=gen) * 0.02, 4, "asym", 32))
-              for _ in range(MATRICES)]
+    qs = [quantize(torch.randn(WIDTH, WIDTH, generator=gen) * 0.02, 4, "asym", 32) for _ in range(MATRICES)]
+    layers = [QuantLinear(q) for q in qs]
+    rung = next(name for name in reversed(kernels.RUNGS) if kernels.available(name)[0])  # the ladder's top rung here
+    packed = [kernels.pack_weight(q) for q in qs]
     x = torch.randn(1, WIDTH, generator=gen)
     roof = torch.ones(ROOF_BYTES // 4)
 
@@ -192,7 +196,9 @@ def gemv(folder: Path, repeats: int) -> None:
         return run
 
     sweep = lambda: [m(x) for m in layers]  # noqa: E731
-    cases = {"labkit INT4 (QuantLinear), 2 threads": sweep, "labkit INT4 (QuantLinear), 1 thread": one_thread(sweep)}
+    ladder = lambda: [kernels.RUNGS[rung](x, w) for w in packed]  # noqa: E731
+    cases = {"labkit INT4 (QuantLinear), 2 threads": sweep, "labkit INT4 (QuantLinear), 1 thread": one_thread(sweep),
+             f"labkit rung {rung[0]}, 2 threads": ladder, f"labkit rung {rung[0]}, 1 thread": one_thread(ladder)}
     tokens = 16
     llms = {}
     for name, path in (("Q4_0", q4_0), ("Q4_K_S", q4k)):
@@ -207,11 +213,12 @@ def gemv(folder: Path, repeats: int) -> None:
     q4_k_bytes = MATRICES * WIDTH * WIDTH // 256 * 144  # 144 bytes per 256 weights (4.5 bits)
     labkit_bytes = MATRICES * (layers[0].int4pack.numel() * layers[0].int4pack.element_size()
                                + layers[0].scales_and_zeros.numel() * layers[0].scales_and_zeros.element_size())
+    rung_bytes = MATRICES * packed[0].nbytes  # codes and float32 scales and offsets: 6 bits per weight
     roofs = {t: ROOF_BYTES / timings[f"roof: torch sum over 256 MiB, {t} thread{'s' if t > 1 else ''}"].median
              for t in (1, 2)}
     print(f"(b) INT4 batch-1 matrix-vector products, {MATRICES} x [{WIDTH}, {WIDTH}] per sweep or per llama.cpp "
           f"token, {repeats} rounds in turns (medians); torch {torch.__version__}, llama-cpp-python "
-          f"{llama_cpp.__version__}{BUFTS}")
+          f"{llama_cpp.__version__}{BUFTS}; labkit rung {rung!r}")
     for t in (2, 1):
         print(f"    roof on {t} thread{'s' if t > 1 else ' '}: {roofs[t] / 1e9:5.1f} GB/s")
     for name, timing in timings.items():
@@ -219,7 +226,8 @@ def gemv(folder: Path, repeats: int) -> None:
             continue
         threads = 1 if name.endswith("1 thread") else 2
         seconds = timing.median / (tokens if name.startswith("llama") else 1)
-        nbytes = q4_k_bytes if "Q4_K" in name else q4_0_bytes if "Q4_0" in name else labkit_bytes
+        nbytes = q4_k_bytes if "Q4_K" in name else q4_0_bytes if "Q4_0" in name else \
+            rung_bytes if "rung" in name else labkit_bytes
         rate = nbytes / seconds
         print(f"    {name:<36} {seconds * 1e3 / MATRICES:6.2f} ms per matrix {flop / seconds / 1e9:6.1f} GFLOP/s "
               f"{rate / 1e9:5.1f} GB/s = {rate / roofs[threads]:4.0%} of the roof (spread {timing.spread:.0%})")
