@@ -101,11 +101,10 @@ void int4_gemv(const float *x, const float *x_sums, const uint32_t *words, const
 /* Rung 7: rung 5's arithmetic (x rounded to int8 per block, as llama.cpp's Q8_0) on rung 6's layout. The
    codes stay bytes: AVX2's vpmaddubsw multiplies 32 unsigned bytes (nibbles 0..15: 8 rows x 4 inputs) by 32
    signed bytes (the same 4 bytes of x in every row) and adds neighbours into 16 int16s, vpmaddwd adds those
-   pairs into 8 int32s, one per output row. A word's
-   low nibbles hold inputs 8j, 8j+2, 8j+4, 8j+6 and its high nibbles 8j+1, .., 8j+7, so each meets four
-   bytes of x_even or x_odd broadcast to every lane. Per x block (8, 16 or 32 inputs, one weight group or
-   part of one) each int16 sum is at most 4 words * 2 * 2 * 15 * 127 = 30,480 < 32,767 (no saturation);
-   then one conversion to float per block and row, and
+   pairs into 8 int32s, one per output row. A word's low nibbles hold inputs 8j, 8j+2, 8j+4, 8j+6 and its
+   high nibbles 8j+1, .., 8j+7, so each meets four bytes of x_even or x_odd broadcast to every lane.
+   Per x block (8, 16 or 32 inputs, one weight group or part of one) each int16 sum is at most
+   4 words * 2 * 2 * 15 * 127 = 30,480 < 32,767 (no saturation); then one float conversion per block and row, and
 
        y[m, n] = sum_b scale[n, g(b)] x_scale[m, b] sum_{k in b} nibble_k xq_k  -  sum_g scale (8 + zero) xs[m, g]
 
