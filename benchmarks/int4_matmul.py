@@ -21,8 +21,8 @@ and 2 threads, each beside the roof of its thread count.
 Goals: the best rung at least as fast as torch's INT4 kernel and at least 70% of the measured roof (per
 round, under the course's rule for a goal: labkit.course.evidence.against_goal); its GFLOP/s beside
 llama.cpp's Q4_0 / Q4_K on 4096x14336, as ggml's `test-backend-ops perf -o MUL_MAT` measured them (LLAMA_CPP;
-that tool times one matrix again and again, on half the cores unless told otherwise: 1 thread on these 2-core
-machines). benchmarks/peers.py times llama.cpp in turns with the best rung.
+that tool times one matrix again and again, on half the hardware threads unless told otherwise: 1 thread on these
+2-core machines). benchmarks/peers.py times llama.cpp in turns with the ladder's top rung.
 
 Copy the output into benchmarks/RESULTS.md.
 """

@@ -16,7 +16,7 @@ Notebooks 03 (parts text and gemv) and 06 (serving) run it in a cell when llama-
 (b) GEMV     a one-layer Llama of width 4096 (d_ff 4096, 32 heads, vocabulary 256: per token, seven 4096 x 4096
              matrices and a 256 x 4096 one) in Q4_0 (lab 03's bytes) and Q4_K_S (llama.cpp's own quantizer);
              llama.cpp's time per token over its seven matrices against labkit's QuantLinear INT4 (torch's
-             kernel) and lab 03's best rung (labkit.quant.kernels.RUNGS, rung 7 where a C compiler built it) over
+             kernel) and lab 03's top rung (labkit.quant.kernels.RUNGS: 7, or 5 without a C compiler) over
              seven distinct 4096 x 4096 layers, on 1 and 2 threads, and torch's sum over 256 MiB (the memory
              roof), all in turns (labkit.course.timing.interleave). llama.cpp's time includes norms, RoPE, a short
              attention and the 256-row output: its GFLOP/s (2 * 7 * 4096^2 FLOP per token) is a lower bound of its
@@ -196,9 +196,15 @@ def gemv(folder: Path, repeats: int) -> None:
         return run
 
     sweep = lambda: [m(x) for m in layers]  # noqa: E731
-    ladder = lambda: [kernels.RUNGS[rung](x, w) for w in packed]  # noqa: E731
+    def ladder(threads: int):  # kernels.threads: torch's and numba's counts (rung 5 runs on numba's)
+        def run():
+            with kernels.threads(threads):
+                for w in packed:
+                    kernels.RUNGS[rung](x, w)
+        return run
+
     cases = {"labkit INT4 (QuantLinear), 2 threads": sweep, "labkit INT4 (QuantLinear), 1 thread": one_thread(sweep),
-             f"labkit rung {rung[0]}, 2 threads": ladder, f"labkit rung {rung[0]}, 1 thread": one_thread(ladder)}
+             f"labkit rung {rung[0]}, 2 threads": ladder(2), f"labkit rung {rung[0]}, 1 thread": ladder(1)}
     tokens = 16
     llms = {}
     for name, path in (("Q4_0", q4_0), ("Q4_K_S", q4k)):
