@@ -56,7 +56,6 @@ from labkit.paths import ROOT
 from labkit.quant import QuantLinear, kernels, quantize, write_gguf
 from labkit.quant.gguf import QUANTIZE, tensor_plan
 from labkit.quant.formats import dequantize_q4_0, dequantize_q8_0
-from labkit.quant.threads import torch_threads
 from labkit.serving.launch import start_service
 from labkit.serving.workload import make_trace
 from labkit.tinylm import TASK_KINDS, ByteTokenizer, TinyLM, TinyLMConfig, generate, load_pretrained, make_tasks
@@ -189,30 +188,24 @@ def gemv(folder: Path, repeats: int) -> None:
     x = torch.randn(1, WIDTH, generator=gen)
     roof = torch.ones(ROOF_BYTES // 4)
 
-    def one_thread(fn):
+    def on(threads: int, fn):  # kernels.threads: torch's and numba's counts (rung 5 runs on numba's)
         def run():
-            with torch_threads(1):
+            with kernels.threads(threads):
                 fn()
         return run
 
     sweep = lambda: [m(x) for m in layers]  # noqa: E731
-    def ladder(threads: int):  # kernels.threads: torch's and numba's counts (rung 5 runs on numba's)
-        def run():
-            with kernels.threads(threads):
-                for w in packed:
-                    kernels.RUNGS[rung](x, w)
-        return run
-
-    cases = {"labkit INT4 (QuantLinear), 2 threads": sweep, "labkit INT4 (QuantLinear), 1 thread": one_thread(sweep),
-             f"labkit rung {rung[0]}, 2 threads": ladder(2), f"labkit rung {rung[0]}, 1 thread": ladder(1)}
+    ladder = lambda: [kernels.RUNGS[rung](x, w) for w in packed]  # noqa: E731
+    cases = {f"{label}, {t} thread{'s' if t > 1 else ''}": on(t, fn) for label, fn in
+             (("labkit INT4 (QuantLinear)", sweep), (f"labkit rung {rung[0]}", ladder)) for t in (2, 1)}
     tokens = 16
     llms = {}
     for name, path in (("Q4_0", q4_0), ("Q4_K_S", q4k)):
         for threads in (2, 1):
             llm = llms[(name, threads)] = llama(path, threads, n_ctx=64)
             cases[f"llama.cpp {name}, {threads} thread{'s' if threads > 1 else ''}"] = decode_tokens(llm, tokens)
-    cases["roof: torch sum over 256 MiB, 2 threads"] = lambda: roof.sum()
-    cases["roof: torch sum over 256 MiB, 1 thread"] = one_thread(lambda: roof.sum())
+    cases["roof: torch sum over 256 MiB, 2 threads"] = on(2, roof.sum)
+    cases["roof: torch sum over 256 MiB, 1 thread"] = on(1, roof.sum)
     timings = interleave(cases, repeats=repeats, warmup=1)
     flop = 2 * MATRICES * WIDTH * WIDTH
     q4_0_bytes = MATRICES * WIDTH * WIDTH // 32 * 18  # 18 bytes per 32 weights
