@@ -110,8 +110,8 @@ void int4_gemv(const float *x, const float *x_sums, const uint32_t *words, const
 
    with xs the group sums of the rounded x (x_scale * xq), and scale (8 + zero) = offset - 16 scale (offset
    is rung 6's). Exact for the rounded x up to float rounding. Without AVX2 (another CPU, or a build without
-   -march=native) the same sums run in plain C. x (finite: kernels_c.gemv_int8 checks) is rounded here, once
-   per call (quantize_row): in torch ops it cost about a tenth of a 4096 x 14336 product. */
+   -march=native) the same sums run in plain C. x is checked and rounded here, once per call (quantize_row): in
+   torch ops it cost about a tenth of a 4096 x 14336 product, here about 6 us for 4096 inputs (AVX2 EPYC). */
 static inline __attribute__((always_inline)) void int8_block(const uint32_t *words, const int8_t *xe,
                                                              const int8_t *xo, int64_t n_words,
                                                              int32_t *dots /* [LANES] */) {
@@ -151,35 +151,45 @@ int int4_gemv_int8_simd(void) { return 0; }
 
 /* x's row [K] rounded as llama.cpp's Q8_0 (and labkit.quant.kernels.quantize_activations): per block,
    x_scale = max |x| / 127 (1 for an all-zero block) and xq = round(x / x_scale), ties to even; the even and
-   odd inputs apart (xe, xo [K / 2]); xs [G] = the group sums of the rounded x, x_scale * sum xq per block. */
-static void quantize_row(const float *x, int64_t k, int64_t block, int64_t group_len, int8_t *xe, int8_t *xo,
-                         float *x_scale, float *xs) {
+   odd inputs apart (xe, xo [K / 2]); xs [G] = the group sums of the rounded x, x_scale * sum xq per block.
+   Returns 0, or 1 when the row holds a NaN or an inf (which would round to a code and pass for a number). */
+static int quantize_row(const float *x, int64_t k, int64_t block, int64_t group_len, int8_t *xe, int8_t *xo,
+                        float *x_scale, float *xs) {
     for (int64_t g = 0; g < k / group_len; g++)
         xs[g] = 0;
     for (int64_t b = 0; b < k / block; b++) {
         const float *xb = x + b * block;
         int8_t *e = xe + b * block / 2, *o = xo + b * block / 2;
-        float amax = 0;
+        float amax = 0, q[32]; /* block <= 32 */
+        int finite = 1;
         for (int64_t i = 0; i < block; i++) {
             const float a = xb[i] < 0 ? -xb[i] : xb[i];
             amax = a > amax ? a : amax;
+            finite &= a <= __FLT_MAX__; /* false for a NaN and for an inf */
         }
+        if (!finite)
+            return 1;
         const float d = amax > 0 ? amax / 127.0f : 1.0f;
+        for (int64_t i = 0; i < block; i++) { /* SIMD: divide, round (to nearest, ties to even), clamp */
+            const float r = __builtin_rintf(xb[i] / d);
+            q[i] = r < -127 ? -127 : r > 127 ? 127 : r; /* not fminf/fmaxf: their NaN rules make them calls */
+        }
         int32_t sum = 0;
-        for (int64_t i = 0; i < block / 2; i++) { /* the default rounding mode: to nearest, ties to even */
-            const float qe = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(xb[2 * i] / d), -127), 127);
-            const float qo = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(xb[2 * i + 1] / d), -127), 127);
-            e[i] = (int8_t)qe;
-            o[i] = (int8_t)qo;
-            sum += (int32_t)qe + (int32_t)qo;
+        for (int64_t i = 0; i < block / 2; i++) {
+            e[i] = (int8_t)q[2 * i];
+            o[i] = (int8_t)q[2 * i + 1];
+            sum += (int32_t)q[2 * i] + (int32_t)q[2 * i + 1];
         }
         x_scale[b] = d;
         xs[b * block / group_len] += d * (float)sum;
     }
+    return 0;
 }
 
-/* x float32 [M, K]; `block` (8, 16 or 32) divides the group length K / groups. */
-void int4_gemv_int8(const float *x, const uint32_t *words, const float *scale, const float *offset, int64_t m_rows,
+/* x float32 [M, K]; `block` (8, 16 or 32) divides the group length K / groups. Returns 0 once y is written,
+   else y is left as it was and the status says why (kernels_c.gemv_int8 raises the matching error). */
+enum { INT8_DONE = 0, INT8_NO_MEMORY = 1, INT8_X_NOT_FINITE = 2 };
+int int4_gemv_int8(const float *x, const uint32_t *words, const float *scale, const float *offset, int64_t m_rows,
                     int64_t n_rows, int64_t k, int64_t groups, int64_t block, int threads, float *y) {
     const int64_t blocks = (n_rows + LANES - 1) / LANES, group_len = k / groups, x_blocks = k / block;
     int8_t *xq = malloc((size_t)(m_rows * k)); /* [M, K]: row m's even inputs, then its odd ones */
@@ -187,13 +197,15 @@ void int4_gemv_int8(const float *x, const uint32_t *words, const float *scale, c
     if (!xq || !x_scale) {
         free(xq);
         free(x_scale);
-        for (int64_t i = 0; i < m_rows * n_rows; i++)
-            y[i] = __builtin_nanf(""); /* out of memory: NaN, which kernels_c.gemv_int8 turns into an error */
-        return;
+        return INT8_NO_MEMORY;
     }
     for (int64_t m = 0; m < m_rows; m++)
-        quantize_row(x + m * k, k, block, group_len, xq + m * k, xq + m * k + k / 2, x_scale + m * x_blocks,
-                     xs + m * groups);
+        if (quantize_row(x + m * k, k, block, group_len, xq + m * k, xq + m * k + k / 2, x_scale + m * x_blocks,
+                         xs + m * groups)) {
+            free(xq);
+            free(x_scale);
+            return INT8_X_NOT_FINITE;
+        }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         const uint32_t *rows = words + b * (k / 8) * LANES;
@@ -223,4 +235,5 @@ void int4_gemv_int8(const float *x, const uint32_t *words, const float *scale, c
     }
     free(xq);
     free(x_scale);
+    return INT8_DONE;
 }

@@ -35,6 +35,7 @@ with_rung(model, name) runs every QuantLinear of a quantized TinyLM through one 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -47,7 +48,6 @@ from .._checks import check_int, check_type, fail
 from .linear import QuantLinear
 from .packing import pack_int4, unpack_int4
 from .qtensor import QTensor, check_has_data
-from .threads import torch_threads
 from . import kernels_c, kernels_jit as jit
 
 ROWS_PER_TASK = 16  # output rows per parallel task of rungs 4 and 5
@@ -101,7 +101,7 @@ def pack_weight(q: QTensor) -> Int4Weight:
     zero = torch.zeros_like(scale) if q.zero is None else q.zero.float().expand(n, -1).contiguous()
     lanes = None  # rung 6's layout: where it is built, for groups of a multiple of 8 inputs
     if group_len % 8 == 0 and kernels_c.available()[0]:
-        lanes = kernels_c.lay_out(q.codes.numpy(), scale.numpy(), zero.numpy(), kernels_c.lanes())
+        lanes = kernels_c.lay_out(q.codes.numpy(), scale.numpy(), zero.numpy())  # for this build, which it keeps
     return Int4Weight(q, packed, scale.numpy(), zero.numpy(), group_len, QuantLinear(q, backend="reference"), lanes)
 
 
@@ -112,8 +112,9 @@ def _weight(w) -> Int4Weight:
     return pack_weight(w)
 
 
-def _input(x, w: Int4Weight) -> torch.Tensor:
-    """x as float32 [M, K] (a 1-D x is one row)."""
+def _input(x, w: Int4Weight, finite: bool = True) -> torch.Tensor:
+    """x as float32 [M, K] (a 1-D x is one row); `finite`: also refuse a NaN or inf (False where the rung's own
+    loop refuses them)."""
     check_type("x", x, torch.Tensor, "a float32 torch.Tensor [K] or [M, K]")
     if x.dtype != torch.float32:
         fail("x", x.dtype, "a float32 tensor (cast with .float())", TypeError)
@@ -121,19 +122,21 @@ def _input(x, w: Int4Weight) -> torch.Tensor:
     k = w.shape[1]
     if x.dim() not in (1, 2) or x.shape[-1] != k or x.numel() == 0:
         fail("x", tuple(x.shape), f"a shape [{k}] or [M, {k}] (M >= 1) to multiply a weight [{w.shape[0]}, {k}]")
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         fail("x", x.device, "a CPU tensor (the rungs are CPU kernels: move it with .cpu())")
-    x = x.detach().reshape(-1, k).contiguous()
-    if not np.isfinite(x.numpy()).all():  # numpy's check: a tenth of torch's on a decode step's x
+    if x.dim() == 1 or x.requires_grad or not x.is_contiguous():  # a decode step's x [1, K] is none of these
+        x = x.detach().reshape(-1, k).contiguous()
+    if finite and not np.isfinite(x.numpy()).all():  # numpy's check: a tenth of torch's on a decode step's x
         fail("x", "a NaN or inf", "finite values")
     return x
 
 
-def _ladder_rung(body: Callable[[torch.Tensor, Int4Weight], torch.Tensor]):
-    """Give `body(x [M, K], w) -> y [M, N]` the rungs' signature: checks, 1-D in -> 1-D out."""
+def _ladder_rung(body: Callable[[torch.Tensor, Int4Weight], torch.Tensor], finite_checked: bool = False):
+    """Give `body(x [M, K], w) -> y [M, N]` the rungs' signature: checks, 1-D in -> 1-D out. `finite_checked`:
+    the body itself refuses a NaN or inf in x."""
     def rung(x: torch.Tensor, w) -> torch.Tensor:
         w = _weight(w)
-        x2 = _input(x, w)
+        x2 = _input(x, w, finite=not finite_checked)
         y = body(x2, w)
         return y.reshape(-1) if x.dim() == 1 else y
     rung.__name__ = rung.__qualname__ = body.__name__
@@ -222,7 +225,8 @@ def integer_dot(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 def _lanes(w: Int4Weight, rung: int) -> kernels_c.LaneLayout:
     """w's layout for the C rungs, or why there is none (RuntimeError without a C compiler: kernels_c.available)."""
-    if w.lanes is None and kernels_c.available()[0]:
+    if w.lanes is None:
+        kernels_c.lanes()  # raises why rungs 6-7 are not built here, if they are not
         if w.group_len % 8:
             fail("w", w, f"groups of a multiple of 8 inputs for rung {rung} (it reads a row's codes 8 at a time, "
                          "from one group)")
@@ -243,14 +247,15 @@ def compiled_c(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     return torch.from_numpy(y)
 
 
-@_ladder_rung
+@functools.partial(_ladder_rung, finite_checked=True)  # the C loop finds a NaN or inf as it rounds x
 def compiled_c_int8(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """Rung 7: rung 5's arithmetic (x rounded to int8 per block) in C on rung 6's layout, the codes multiplied
     as bytes (AVX2's vpmaddubsw where the CPU has it: int4_gemv.c, int4_gemv_int8). Approximate as rung 5.
     Thread count: torch's. RuntimeError where no C compiler built it (kernels_c.available)."""
     lanes = _lanes(w, 7)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    kernels_c.gemv_int8(x.numpy(), x_block(w.group_len), w.scale.shape[1], lanes, w.shape[0], torch.get_num_threads(),
+    block = math.gcd(w.group_len, X_BLOCK)  # x_block(w.group_len) without its check: pack_weight made group_len
+    kernels_c.gemv_int8(x.numpy(), block, w.scale.shape[1], lanes, w.shape[0], torch.get_num_threads(),
                         y)  # x rounded in C as quantize_activations rounds it
     return torch.from_numpy(y)
 
@@ -286,20 +291,15 @@ class threads:
         self.n = n
 
     def __enter__(self) -> int:
-        self._torch = torch_threads(self.n)
-        self._numba = jit.numba_threads(self.n, "n")
-        self._torch.__enter__()
-        try:
-            return self._numba.__enter__()
-        except BaseException:
-            self._torch.__exit__(None, None, None)
-            raise
+        self._before = torch.get_num_threads(), jit.get_threads()  # plain calls: the ladder times a product inside
+        if self.n is not None:
+            torch.set_num_threads(self.n)
+            jit.set_threads(self.n)
+        return jit.get_threads()
 
     def __exit__(self, *exc) -> None:
-        try:
-            self._numba.__exit__(*exc)
-        finally:
-            self._torch.__exit__(*exc)
+        torch.set_num_threads(self._before[0])
+        jit.set_threads(self._before[1])
 
 
 class KernelLinear(nn.Module):

@@ -18,6 +18,7 @@ torch.compile). LABKIT_C=0 switches rungs 6 and 7 off.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import hashlib
@@ -26,7 +27,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,8 @@ from .._checks import fail
 
 SOURCE = Path(__file__).with_name("int4_gemv.c")
 FLAGS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3",))
-_f32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
-_u32 = np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS")
-_i64 = ctypes.c_int64
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64  # arrays go in as addresses: numpy's ndpointer checks cost 15 us a call
+INT8_NO_MEMORY, INT8_X_NOT_FINITE = 1, 2  # int4_gemv_int8's status when y is not written (its enum, int4_gemv.c)
 
 
 def compiler() -> str | None:
@@ -125,9 +125,9 @@ def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctype
             continue
         dll.int4_gemv_lanes.restype = dll.int4_gemv_int8_simd.restype = ctypes.c_int
         dll.int4_gemv.restype = None
-        dll.int4_gemv.argtypes = [_f32, _f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, ctypes.c_int, _f32]
-        dll.int4_gemv_int8.restype = None
-        dll.int4_gemv_int8.argtypes = [_f32, _u32, _f32, _f32, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, _f32]
+        dll.int4_gemv.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_int, _ptr]
+        dll.int4_gemv_int8.restype = ctypes.c_int  # 0 (INT8_DONE) once y is written, else why not
+        dll.int4_gemv_int8.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, _ptr]
         openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
         rung_7 = "AVX2 byte products" if dll.int4_gemv_int8_simd() else "plain C"
         return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes, rung 7 in {rung_7}"
@@ -150,19 +150,49 @@ def lanes() -> int:
 @dataclass(frozen=True, eq=False)
 class LaneLayout:
     """One weight laid out for int4_gemv.c with `lanes` output rows per SIMD vector (see its comment):
-    words uint32 [B, K / 8, lanes], scale and offset float32 [B, G, lanes], B = ceil(N / lanes) row blocks."""
+    words uint32 [B, K / 8, lanes], scale and offset float32 [B, G, lanes], B = ceil(N / lanes) row blocks.
+    `library`: the build it was laid out for, which computes its products (lay_out without `lanes`); None for a
+    layout alone, which the build of the moment reads when its lanes match."""
     words: np.ndarray
     scale: np.ndarray
     offset: np.ndarray
+    library: ctypes.CDLL | None = field(default=None, repr=False)
+    addresses: tuple[int, int, int] = field(init=False, repr=False)  # words, scale, offset: where the C loops read
+
+    def __post_init__(self):
+        """The C loops trust these dtypes and shapes: checked once here, so that a product checks only its own
+        arrays against them (_checked)."""
+        for name, a, dtype in (("words", self.words, np.uint32), ("scale", self.scale, np.float32),
+                               ("offset", self.offset, np.float32)):
+            if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != 3 or not a.flags.c_contiguous:
+                fail(name, getattr(a, "shape", type(a).__name__),
+                     f"a C-contiguous {dtype.__name__} array [B, ., lanes]")
+        if self.offset.shape != self.scale.shape or self.scale.shape[::2] != self.words.shape[::2]:
+            fail("scale and offset", (self.scale.shape, self.offset.shape),
+                 f"one shape [B, G, lanes] with words' B and lanes {self.words.shape[::2]}")
+        if self.library is not None and self.library.int4_gemv_lanes() != self.lanes:
+            fail("library", self.library.int4_gemv_lanes(), f"a build for the layout's {self.lanes} lanes")
+        object.__setattr__(self, "addresses", (self.words.ctypes.data, self.scale.ctypes.data,
+                                               self.offset.ctypes.data))
 
     @property
     def lanes(self) -> int:
         return self.words.shape[2]
 
+    def __deepcopy__(self, memo: dict) -> LaneLayout:  # the copy shares the build: one library per process
+        return LaneLayout(*(copy.deepcopy(a, memo) for a in (self.words, self.scale, self.offset)), self.library)
 
-def lay_out(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, lanes: int) -> LaneLayout:
+    def __reduce__(self):  # another process has its own build: the layout travels alone
+        return LaneLayout, (self.words, self.scale, self.offset)
+
+
+def lay_out(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, lanes: int | None = None) -> LaneLayout:
     """int4_gemv.c's layout of int8 codes [N, K] (K a multiple of 8) with their float32 scale and zero point
-    [N, G]; rows past N (up to a whole block) get code -8 and scale 0."""
+    [N, G]; rows past N (up to a whole block) get code -8 and scale 0. lanes=None: for this machine's build,
+    which the layout keeps (its products need no look at the environment; RuntimeError when rungs 6-7 are not
+    built here); a count: the layout alone."""
+    library = None if lanes is not None else _loaded()
+    lanes = lanes if library is None else library.int4_gemv_lanes()
     n, k = codes.shape
     blocks = -(-n // lanes)
     nibbles = np.zeros((blocks * lanes, k), np.uint8)
@@ -176,7 +206,7 @@ def lay_out(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, lanes: int) 
         return np.ascontiguousarray(padded.reshape(blocks, lanes, -1).transpose(0, 2, 1))
 
     offset = scale * (np.float32(24) + zero)  # float32: 24 = 8 (the nibble's offset) + 16 (the bit trick's 1)
-    return LaneLayout(np.ascontiguousarray(words.transpose(0, 2, 1)), by_block(scale), by_block(offset))
+    return LaneLayout(np.ascontiguousarray(words.transpose(0, 2, 1)), by_block(scale), by_block(offset), library)
 
 
 def _loaded() -> ctypes.CDLL:
@@ -187,54 +217,65 @@ def _loaded() -> ctypes.CDLL:
 
 
 def _checked(x_shape: tuple[int, int], groups: int, layout: LaneLayout, n_rows: int, y: np.ndarray,
-             **inputs: tuple[tuple[int, ...], tuple[int, ...]]) -> ctypes.CDLL:
-    """The library, once every shape the C loops trust is what x [M, K], `groups` and `layout` call for
-    (inputs: name -> (expected shape, shape)): a wrong one would read or write past an array's end."""
-    dll = _loaded()
-    if layout.lanes != dll.int4_gemv_lanes():  # laid out before LABKIT_CFLAGS changed the build
-        raise RuntimeError(f"the weight is laid out for {layout.lanes} lanes, rungs 6 and 7 are built here for "
-                           f"{dll.int4_gemv_lanes()}: lay it out again with kernels.pack_weight")
+             *inputs: tuple[str, tuple[int, ...], tuple[int, ...]]) -> ctypes.CDLL:
+    """The library that reads `layout` (its own, else this machine's), once every shape the C loops trust is
+    what x [M, K], `groups` and `layout` call for (inputs: (name, expected shape, shape)): a wrong one would
+    read or write past an array's end."""
+    dll = layout.library
+    if dll is None:  # a layout alone: this machine's build reads it, when their lanes match
+        dll = _loaded()
+        if layout.lanes != dll.int4_gemv_lanes():
+            raise RuntimeError(f"the weight is laid out for {layout.lanes} lanes, rungs 6 and 7 are built here for "
+                               f"{dll.int4_gemv_lanes()}: lay it out again with kernels.pack_weight")
     m_rows, k = x_shape
     if groups < 1 or k % groups or (k // groups) % 8:
         fail("groups", groups, f"a count of groups of a multiple of 8 of x's {k} inputs")
-    blocks = -(-n_rows // layout.lanes)
-    expected = {**inputs, "y": ((m_rows, n_rows), y.shape),
-                "layout.words": ((blocks, k // 8, layout.lanes), layout.words.shape),
-                "layout.scale": ((blocks, groups, layout.lanes), layout.scale.shape),
-                "layout.offset": ((blocks, groups, layout.lanes), layout.offset.shape)}
-    for name, (want, got) in expected.items():
-        if tuple(got) != want:
-            fail(name, tuple(got), f"shape {want} for x {x_shape}")
+    blocks, lanes = -(-n_rows // layout.lanes), layout.lanes
+    expected = (*inputs, ("y", (m_rows, n_rows), y.shape),  # layout.offset: LaneLayout checks it is scale's shape
+                ("layout.words", (blocks, k // 8, lanes), layout.words.shape),
+                ("layout.scale", (blocks, groups, lanes), layout.scale.shape))
+    for name, want, got in expected:
+        if got != want:
+            fail(name, got, f"shape {want} for x {x_shape}")
     return dll
+
+
+def _address(name: str, a: np.ndarray, write: bool = False) -> int:
+    """Where a's values start, once a is a C-contiguous float32 array (and writable, to `write` into)."""
+    if a.dtype != np.float32 or not a.flags.c_contiguous or (write and not a.flags.writeable):
+        fail(name, (a.dtype, "C-contiguous" if a.flags.c_contiguous else "strided"),
+             "a C-contiguous float32 array" + (" that can be written" if write else ""))
+    return a.ctypes.data
 
 
 def gemv(x: np.ndarray, x_sums: np.ndarray, layout: LaneLayout, n_rows: int, threads: int, y: np.ndarray) -> None:
     """int4_gemv.c's float product into y [M, n_rows] (x [M, K], x_sums [M, G]; layout from lay_out(...,
-    lanes())). RuntimeError when rung 6 is not built here, or the layout was written for another build."""
+    lanes())). RuntimeError when rung 6 is not built here, or a layout alone was written for another build."""
     if x.ndim != 2 or x_sums.ndim != 2:
         fail("x", (tuple(x.shape), tuple(x_sums.shape)), "x [M, K] and x_sums [M, G]")
     m_rows, groups = x_sums.shape
-    dll = _checked(x.shape, groups, layout, n_rows, y, x_sums=((x.shape[0], groups), x_sums.shape))
-    dll.int4_gemv(x, x_sums, layout.words, layout.scale, layout.offset, m_rows, n_rows, x.shape[1], groups,
-                  threads, y)
+    dll = _checked(x.shape, groups, layout, n_rows, y, ("x_sums", (x.shape[0], groups), x_sums.shape))
+    dll.int4_gemv(_address("x", x), _address("x_sums", x_sums), *layout.addresses, m_rows, n_rows, x.shape[1],
+                  groups, threads, _address("y", y, write=True))
 
 
 def gemv_int8(x: np.ndarray, block: int, groups: int, layout: LaneLayout, n_rows: int, threads: int,
               y: np.ndarray) -> None:
     """int4_gemv.c's integer product (rung 7) into y [M, n_rows]: x float32 [M, K] rounded to int8 per block of
     `block` inputs (8, 16 or 32, inside one of the `groups` groups), the codes multiplied as bytes.
-    RuntimeError when rung 7 is not built here, or the layout was written for another build."""
+    RuntimeError when rung 7 is not built here, or a layout alone was written for another build; ValueError for a
+    NaN or inf in x (the C loop finds it as it rounds x, and leaves y as it was)."""
     if x.ndim != 2:
         fail("x", tuple(x.shape), "x [M, K]")
-    if not np.isfinite(x).all():  # the C loop would round a NaN to a code and report an inf as out of memory
-        fail("x", "a NaN or inf", "finite values")
     k = x.shape[1]
     if groups < 1 or k % groups:
         fail("groups", groups, f"a count of groups that divides x's {k} inputs")
     if block not in (8, 16, 32) or (k // groups) % block:
         fail("block", block, f"8, 16 or 32 inputs, dividing each of the {groups} groups of x's {k} inputs")
     dll = _checked(x.shape, groups, layout, n_rows, y)
-    dll.int4_gemv_int8(x, layout.words, layout.scale, layout.offset, x.shape[0], n_rows, k, groups, block, threads,
-                       y)
-    if np.isnan(y).all() and y.size:  # int4_gemv_int8 could not allocate its int8 copy of x
+    status = dll.int4_gemv_int8(_address("x", x), *layout.addresses, x.shape[0], n_rows, k, groups, block, threads,
+                                _address("y", y, write=True))
+    if status == INT8_X_NOT_FINITE:
+        fail("x", "a NaN or inf", "finite values")
+    if status == INT8_NO_MEMORY:
         raise MemoryError(f"rung 7 could not allocate {x.size} bytes for x rounded to int8 and its scales")

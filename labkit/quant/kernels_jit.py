@@ -17,8 +17,6 @@ The same small pattern as lab 02's labkit.unified_memory.jit, which compiles wit
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 
@@ -50,23 +48,16 @@ def max_threads() -> int:
     return numba.config.NUMBA_NUM_THREADS if ENABLED else 1
 
 
-@contextmanager
-def numba_threads(n: int | None, name: str = "threads") -> Iterator[int]:
-    """Inside the block the parallel loops (rung 4) use `n` threads (None: leave the count as it is); the
-    previous count is restored on exit, also after an error. Yields the count in force."""
-    if not ENABLED:
-        if n is not None:
-            check_int(name, n, 1, 1)
-        yield 1
-        return
-    before = numba.get_num_threads()
-    if n is not None:
-        check_int(name, n, 1, max_threads())
+def get_threads() -> int:
+    """The parallel loops' (rung 4's) thread count: numba's, 1 without numba."""
+    return numba.get_num_threads() if ENABLED else 1
+
+
+def set_threads(n: int) -> None:
+    """Set the parallel loops' thread count to n, in [1, max_threads()] (kernels.threads sets it for a block)."""
+    check_int("n", n, 1, max_threads())
+    if ENABLED:
         numba.set_num_threads(n)
-    try:
-        yield numba.get_num_threads()
-    finally:
-        numba.set_num_threads(before)
 
 
 @compiled()

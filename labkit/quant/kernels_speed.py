@@ -7,8 +7,12 @@
     cases    each rung of labkit.quant.kernels.RUNGS and torch's INT4 kernel (QuantLinear's int4pack path,
              BF16 activations), each on every thread count in `threads`; the roof of each count: torch's
              a.sum() over speed.ROOF_BYTES (labkit.quant.speed's roof kernel)
-    timing   labkit.course.interleave, in two groups: the slow rungs 1-2 (`slow_repeats` rounds) and the
-             rest with the roofs (`repeats` rounds), every case of a group in turns; medians per product
+    timing   labkit.course.interleave, in two groups: the slow rungs 1-2 (`slow_repeats` rounds, a product per
+             sample) and the rest with the roofs (`repeats` rounds; a sample of a rung or of torch's kernel is
+             `matrices` products in a row, one per matrix, divided by `matrices`), every case of a group in
+             turns; medians per product. The thread count is set once per sample: setting it (tens of
+             microseconds with cold caches, beside a product that streamed megabytes through them) is the
+             harness's time, not the kernel's, and added 3-5% to a 4096x4096 rung 7 product in a probe
     missing  a rung that cannot run on this machine (rungs 6-7 without a C compiler: kernels.available) is
              left out of the timings, with its reason in LadderRun.missing and on its line of the table
 
@@ -127,15 +131,17 @@ class LadderRun:
                                           self.roof_bytes, self.timings[case(ROOF, threads)])}
 
 
-def _cycled(fn: Callable, args: list, threads: int, calls: Iterator[int]) -> Callable[[], object]:
-    """A call of fn on args[c % len(args)], c the next number of `calls` (one counter for every case: each
-    product takes the matrix after the one the product before it read, whichever case made it, so no case finds
-    its weights in the cache; in a probe, rung 7 after rung 6 on the same 4096x4096 matrix took 11% less time), on
-    `threads` threads."""
+def _cycled(fn: Callable, args: list, threads: int, calls: Iterator[int], products: int = 1) -> Callable[[], object]:
+    """`products` calls of fn, each on args[c % len(args)], c the next number of `calls` (one counter for every
+    case: each product takes the matrix after the one the product before it read, whichever case made it, so no
+    case finds its weights in the cache; in a probe, rung 7 after rung 6 on the same 4096x4096 matrix took 11%
+    less time), all on `threads` threads."""
+    block = kernels.threads(threads)
+
     def run():
-        a = args[next(calls) % len(args)]
-        with kernels.threads(threads):
-            fn(*a)
+        with block:
+            for _ in range(products):
+                fn(*args[next(calls) % len(args)])
     return run
 
 
@@ -172,10 +178,12 @@ def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int
         for name in SLOW:
             slow[case(name, t)] = _cycled(kernels.RUNGS[name], [(x, w) for w in weights], t, calls)
         for name in (r for r in FAST if r not in missing):
-            fast[case(name, t)] = _cycled(kernels.RUNGS[name], [(x, w) for w in weights], t, calls)
-        fast[case(TORCH, t)] = _cycled(lambda m: m.forward_int4pack(x), [(m,) for m in layers], t, calls)
+            fast[case(name, t)] = _cycled(kernels.RUNGS[name], [(x, w) for w in weights], t, calls, matrices)
+        fast[case(TORCH, t)] = _cycled(lambda m: m.forward_int4pack(x), [(m,) for m in layers], t, calls, matrices)
         fast[case(ROOF, t)] = _cycled(lambda r: r.sum(), [(roof,)], t, itertools.count())
-    timings = {**interleave(slow, repeats=slow_repeats, warmup=1), **interleave(fast, repeats=repeats, warmup=2)}
+    timings = interleave(slow, repeats=slow_repeats, warmup=1)
+    for name, timing in interleave(fast, repeats=repeats, warmup=2).items():  # per sample -> per product
+        timings[name] = timing if name.startswith(ROOF) else Timing(tuple(s / matrices for s in timing.times))
     nbytes = {name: weights[0].nbytes for name in kernels.RUNGS if name not in missing}
     nbytes[TORCH] = int4_weight_bytes(layers[0])
     return LadderRun(timings, nbytes, n, k, tuple(threads), roof.nbytes, missing)

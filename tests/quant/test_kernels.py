@@ -136,7 +136,12 @@ def test_refusals():
     assert_refused(lambda: kk.fused(x.reshape(1, 1, 64), q), ValueError, "x", (1, 1, 64), "[M, 64]")
     assert_refused(lambda: kk.fused(x[:0], q), ValueError, "x", (0, 64), "M >= 1")
     assert_refused(lambda: kk.fused([1.0], q), TypeError, "x", [1.0], "torch.Tensor")
-    assert_refused(lambda: kk.fused(torch.full((64,), float("nan")), q), ValueError, "x", "a NaN or inf", "finite")
+    for name, rung in kk.RUNGS.items():  # rung 7 finds them in its C loop, the others before they start
+        if runs(name, q):
+            for bad in (float("nan"), float("inf"), float("-inf")):
+                x_bad = x.clone()
+                x_bad[0, 37] = bad
+                assert_refused(lambda: rung(x_bad, q), ValueError, "x", "a NaN or inf", "finite")
     assert_refused(lambda: kk.fused(x, "w"), TypeError, "w", "w", "QTensor")
     q8 = quantize(torch.randn(4, 64), 8, "asym", 32)
     assert_refused(lambda: kk.pack_weight(q8), ValueError, "q", q8, "4-bit")

@@ -2,8 +2,10 @@
 comment says, for both lane counts; the library is built once and found again; builds for AVX2 with 8 lanes and
 with AVX-512's 16 give the same product as the native one, and a build without SIMD (rung 7's plain-C path) the
 same as the AVX2 one; threads give the same product; rung 7 stays exact at the int16 limit of its byte products;
-a weight laid out for another build is refused; a machine without a working C compiler gets a reason and a clean
+a weight keeps the build it was laid out for, and a layout alone for another build is refused; a machine without a working C compiler gets a reason and a clean
 refusal instead of a crash (the other rungs and the ladder go on)."""
+import copy
+import pickle
 import platform
 
 import numpy as np
@@ -78,10 +80,17 @@ def test_an_avx2_build_gives_the_same_product(monkeypatch, lanes):
     assert close(kk.compiled_c_int8(x, avx2), int8_exact(x, q, 32), 448)
     xx = torch.cat([x, -x])  # two rows
     assert close(kk.compiled_c_int8(xx, avx2), int8_exact(xx, q, 32), 448)
-    if native.lanes.lanes != lanes:  # a weight laid out for the other build is refused, never misread
-        with pytest.raises(RuntimeError, match=f"laid out for {native.lanes.lanes} lanes, rungs 6 and 7 are built "
-                                               f"here for {lanes}"):
-            kk.compiled_c(x, native)
+    # a weight keeps the build it was laid out for, whatever was built since; a layout alone (no build of its own)
+    # for other lanes than this build's is refused, never misread
+    assert close(kk.compiled_c(x, native), y_native, 448) and native.lanes.library is not avx2.lanes.library
+    assert close(kk.compiled_c_int8(x, native), int8_exact(x, q, 32), 448)
+    alone = kc.lay_out(q.codes.numpy(), q.scale.numpy(), q.zero.numpy(), 24 - lanes)  # 16 or 8: the other count
+    y = np.empty((1, 37), np.float32)
+    with pytest.raises(RuntimeError, match=f"laid out for {24 - lanes} lanes, rungs 6 and 7 are built here for "
+                                           f"{lanes}"):
+        kc.gemv_int8(x.numpy(), 32, 14, alone, 37, 1, y)
+    kc.gemv_int8(x.numpy(), 32, 14, kc.lay_out(q.codes.numpy(), q.scale.numpy(), q.zero.numpy(), lanes), 37, 1, y)
+    assert close(torch.from_numpy(y), int8_exact(x, q, 32), 448)
 
 
 @needs_c
@@ -159,6 +168,37 @@ def test_a_weight_laid_out_without_rung_6_is_refused_once_it_is_built(monkeypatc
     assert close(kk.compiled_c(x, kk.pack_weight(q)), exact(x, q), 64)
 
 
+def test_a_layout_refuses_arrays_the_c_loops_cannot_read():
+    rng = np.random.default_rng(3)
+    codes = rng.integers(-8, 8, size=(8, 64), dtype=np.int8)
+    scale = rng.random((8, 2), dtype=np.float32)
+    good = kc.lay_out(codes, scale, np.zeros_like(scale), 8)
+    assert good.library is None and good.addresses[0] == good.words.ctypes.data
+    with pytest.raises(ValueError, match="words must be a C-contiguous uint32 array"):
+        kc.LaneLayout(good.words.astype(np.int64), good.scale, good.offset)
+    with pytest.raises(ValueError, match="scale must be a C-contiguous float32 array"):
+        kc.LaneLayout(good.words, good.scale[:, :, ::2], good.offset)
+    with pytest.raises(ValueError, match="scale and offset must be one shape"):
+        kc.LaneLayout(good.words, good.scale, good.offset[:, :1].copy())
+    with pytest.raises(ValueError, match="scale and offset must be one shape"):
+        kc.LaneLayout(good.words[:, :, :4].copy(), good.scale, good.offset)
+
+
+@needs_c
+def test_a_layout_for_this_build_keeps_it():
+    q, x = layer(20, 64, 32)
+    layout = kc.lay_out(q.codes.numpy(), q.scale.numpy(), q.zero.numpy())
+    assert layout.lanes == kc.lanes() and layout.library is kc._loaded()
+    assert kk.pack_weight(q).lanes.library is kc._loaded()
+    copied, pickled = copy.deepcopy(layout), pickle.loads(pickle.dumps(layout))
+    assert copied.library is layout.library and pickled.library is None  # a pickle may go to another process
+    for again in (copied, pickled):
+        assert again.words is not layout.words and np.array_equal(again.words, layout.words)
+        y = np.empty((1, 20), np.float32)
+        kc.gemv_int8(x.numpy(), 32, 2, again, 20, 1, y)
+        assert close(torch.from_numpy(y), int8_exact(x, q, 32), 64)
+
+
 @needs_c
 def test_gemv_refuses_shapes_that_do_not_fit_the_layout():
     q, x = layer(20, 64, 32)
@@ -192,8 +232,21 @@ def test_gemv_int8_refuses_shapes_that_do_not_fit_the_layout():
         kc.gemv_int8(x_np, 16, 4, w.lanes, 20, 1, y)  # 4 groups, laid out with 2
     with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
         kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, np.empty((1, 21), np.float32))
-    with pytest.raises(ValueError, match="x must be finite values"):
-        kc.gemv_int8(np.full((1, 64), np.nan, np.float32), 32, 2, w.lanes, 20, 1, y)
+    y_before = y.copy()
+    for bad in (np.nan, np.inf, -np.inf):  # found by the C loop as it rounds x; y is left as it was
+        x_bad = x_np.copy()
+        x_bad[0, 63] = bad
+        with pytest.raises(ValueError, match="x must be finite values"):
+            kc.gemv_int8(x_bad, 32, 2, w.lanes, 20, 1, y)
+        assert np.array_equal(y, y_before, equal_nan=True)
+    with pytest.raises(ValueError, match=r"x must be a C-contiguous float32 array, got \(dtype\('float64'\)"):
+        kc.gemv_int8(x_np.astype(np.float64), 32, 2, w.lanes, 20, 1, y)
+    with pytest.raises(ValueError, match=r"x must be a C-contiguous float32 array, got \(dtype\('float32'\), 'strided'"):
+        kc.gemv_int8(np.repeat(x_np, 2, axis=1)[:, ::2], 32, 2, w.lanes, 20, 1, y)
+    read_only = y.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="y must be a C-contiguous float32 array that can be written"):
+        kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, read_only)
     with pytest.raises(ValueError, match="groups must be a count of groups that divides"):
         kc.gemv_int8(x_np, 8, 3, w.lanes, 20, 1, y)
     kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, y)  # still usable
