@@ -160,19 +160,21 @@ static int quantize_row(const float *x, int64_t k, int64_t block, int64_t group_
     for (int64_t b = 0; b < k / block; b++) {
         const float *xb = x + b * block;
         int8_t *e = xe + b * block / 2, *o = xo + b * block / 2;
-        float amax = 0, q[32]; /* block <= 32 */
+        float amax = 0, q[32]; /* block <= 32 (int4_gemv_int8 checks) */
         int finite = 1;
         for (int64_t i = 0; i < block; i++) {
             const float a = xb[i] < 0 ? -xb[i] : xb[i];
             amax = a > amax ? a : amax;
-            finite &= a <= __FLT_MAX__; /* false for a NaN and for an inf */
+            uint32_t bits;
+            memcpy(&bits, xb + i, 4);
+            finite &= (bits & 0x7f800000u) != 0x7f800000u; /* exponent all ones: a NaN or an inf, under any flags */
         }
         if (!finite)
             return 1;
         const float d = amax > 0 ? amax / 127.0f : 1.0f;
         for (int64_t i = 0; i < block; i++) { /* SIMD: divide, round (to nearest, ties to even), clamp */
             const float r = __builtin_rintf(xb[i] / d);
-            q[i] = r < -127 ? -127 : r > 127 ? 127 : r; /* not fminf/fmaxf: their NaN rules make them calls */
+            q[i] = r > -127 ? (r < 127 ? r : 127) : -127; /* not fminf/fmaxf, which are calls; a NaN gives -127 */
         }
         int32_t sum = 0;
         for (int64_t i = 0; i < block / 2; i++) {
@@ -188,9 +190,11 @@ static int quantize_row(const float *x, int64_t k, int64_t block, int64_t group_
 
 /* x float32 [M, K]; `block` (8, 16 or 32) divides the group length K / groups. Returns 0 once y is written,
    else y is left as it was and the status says why (kernels_c.gemv_int8 raises the matching error). */
-enum { INT8_DONE = 0, INT8_NO_MEMORY = 1, INT8_X_NOT_FINITE = 2 };
+enum { INT8_DONE = 0, INT8_NO_MEMORY = 1, INT8_X_NOT_FINITE = 2, INT8_BAD_BLOCK = 3 };
 int int4_gemv_int8(const float *x, const uint32_t *words, const float *scale, const float *offset, int64_t m_rows,
                     int64_t n_rows, int64_t k, int64_t groups, int64_t block, int threads, float *y) {
+    if (block != 8 && block != 16 && block != 32)
+        return INT8_BAD_BLOCK; /* quantize_row's buffer holds 32 */
     const int64_t blocks = (n_rows + LANES - 1) / LANES, group_len = k / groups, x_blocks = k / block;
     int8_t *xq = malloc((size_t)(m_rows * k)); /* [M, K]: row m's even inputs, then its odd ones */
     float *x_scale = malloc(sizeof(float) * (size_t)(m_rows * (x_blocks + groups))), *xs = x_scale + m_rows * x_blocks;

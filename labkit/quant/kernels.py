@@ -59,8 +59,9 @@ class Int4Weight:
     """A 4-bit QTensor laid out for the kernels (pack_weight): codes packed two per byte row by row,
     uint8 [N, K/2] ("adjacent": byte i = n[2i] | n[2i+1] << 4, n = code + 8); scale and zero point per
     group, float32 [N, G] (a symmetric weight has zero 0; "tensor" groups are repeated per row); the
-    reference layer of rung 2; `lanes`: rung 6's layout of the same weight (kernels_c.lay_out; None where
-    rung 6 is not built or the group length is not a multiple of 8). `qtensor`: the weight it came from."""
+    reference layer of rung 2; `lanes`: rungs 6-7's layout of the same weight, with the build it was laid out
+    for (kernels_c.lay_out; None where they were not built when it was packed, or the group length is not a
+    multiple of 8). `qtensor`: the weight it came from."""
     qtensor: QTensor
     packed: np.ndarray
     scale: np.ndarray
@@ -195,6 +196,10 @@ def x_block(group_len: int) -> int:
     """Rung 5's activation block: 32 inputs when that divides the group, else the largest even divisor of
     32 that does (so that every block lies in one weight group)."""
     check_int("group_len", group_len, 2)
+    return _x_block(group_len)
+
+
+def _x_block(group_len: int) -> int:  # x_block without its check, for rung 7's call (an Int4Weight's is checked)
     return math.gcd(group_len, X_BLOCK)
 
 
@@ -254,8 +259,7 @@ def compiled_c_int8(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     Thread count: torch's. RuntimeError where no C compiler built it (kernels_c.available)."""
     lanes = _lanes(w, 7)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    block = math.gcd(w.group_len, X_BLOCK)  # x_block(w.group_len) without its check: pack_weight made group_len
-    kernels_c.gemv_int8(x.numpy(), block, w.scale.shape[1], lanes, w.shape[0], torch.get_num_threads(),
+    kernels_c.gemv_int8(x.numpy(), _x_block(w.group_len), w.scale.shape[1], lanes, w.shape[0], torch.get_num_threads(),
                         y)  # x rounded in C as quantize_activations rounds it
     return torch.from_numpy(y)
 
@@ -275,7 +279,8 @@ C_RUNGS = ("6 C, compiler's SIMD, OpenMP", "7 C, int8 x int4 byte products")  # 
 
 
 def available(name: str) -> tuple[bool, str]:
-    """(True, "") when RUNGS[name] runs on this machine; (False, why not) for rungs 6-7 without a C compiler."""
+    """(True, "") when RUNGS[name] runs on this machine; (False, why not) for rungs 6-7 without a C compiler or
+    with LABKIT_C=0 (weights packed from now on get no C layout; one packed before keeps its build)."""
     if name not in RUNGS:
         fail("name", name, f"one of {list(RUNGS)}")
     return kernels_c.available() if name in C_RUNGS else (True, "")
@@ -289,17 +294,23 @@ class threads:
         if n is not None:
             check_int("n", n, 1, jit.max_threads())
         self.n = n
+        self._before: list[tuple[int, int]] = []  # one entry per block entered and not yet left (re-entrant)
 
-    def __enter__(self) -> int:
-        self._before = torch.get_num_threads(), jit.get_threads()  # plain calls: the ladder times a product inside
+    def __enter__(self) -> int:  # plain calls, no generators: the ladder times products inside the block
+        self._before.append((torch.get_num_threads(), jit.get_threads()))
         if self.n is not None:
-            torch.set_num_threads(self.n)
-            jit.set_threads(self.n)
+            try:
+                torch.set_num_threads(self.n)
+                jit.set_threads(self.n)
+            except BaseException:
+                self.__exit__()
+                raise
         return jit.get_threads()
 
     def __exit__(self, *exc) -> None:
-        torch.set_num_threads(self._before[0])
-        jit.set_threads(self._before[1])
+        torch_n, numba_n = self._before.pop()
+        torch.set_num_threads(torch_n)
+        jit.set_threads(numba_n)
 
 
 class KernelLinear(nn.Module):

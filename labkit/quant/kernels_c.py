@@ -13,7 +13,9 @@ stops at the second); $LABKIT_CFLAGS replaces them with one set of your own (try
 -fopenmp" on an AVX-512 machine to see what its wider registers buy; add -DLANES=16 for AVX-512's layout on
 an AVX2 CPU). With no compiler, or when every build fails, available() says why and gemv and gemv_int8 raise
 a RuntimeError naming the reason: the other rungs do not need it (lab 08's compiler probe does the same for
-torch.compile). LABKIT_C=0 switches rungs 6 and 7 off.
+torch.compile). LABKIT_C=0 switches rungs 6 and 7 off. These settings are read when a weight is laid out
+(lay_out): the layout keeps the library it was laid out for, and its products run on that build whatever the
+settings say later (a product reads no environment variable: that cost 20 us of a 0.7 ms product).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checks import fail
+from .._checks import check_type, fail
 
 SOURCE = Path(__file__).with_name("int4_gemv.c")
 FLAGS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3",))
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64  # arrays go in as addresses: numpy's ndpointer checks cost 15 us a call
+_GEMV_ARGS = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_int, _ptr]  # int4_gemv's C signature
+_INT8_ARGS = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, _ptr]  # int4_gemv_int8's
 INT8_NO_MEMORY, INT8_X_NOT_FINITE = 1, 2  # int4_gemv_int8's status when y is not written (its enum, int4_gemv.c)
 
 
@@ -125,9 +129,9 @@ def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctype
             continue
         dll.int4_gemv_lanes.restype = dll.int4_gemv_int8_simd.restype = ctypes.c_int
         dll.int4_gemv.restype = None
-        dll.int4_gemv.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_int, _ptr]
+        dll.int4_gemv.argtypes = _GEMV_ARGS
         dll.int4_gemv_int8.restype = ctypes.c_int  # 0 (INT8_DONE) once y is written, else why not
-        dll.int4_gemv_int8.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, ctypes.c_int, _ptr]
+        dll.int4_gemv_int8.argtypes = _INT8_ARGS
         openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
         rung_7 = "AVX2 byte products" if dll.int4_gemv_int8_simd() else "plain C"
         return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes, rung 7 in {rung_7}"
@@ -152,32 +156,43 @@ class LaneLayout:
     """One weight laid out for int4_gemv.c with `lanes` output rows per SIMD vector (see its comment):
     words uint32 [B, K / 8, lanes], scale and offset float32 [B, G, lanes], B = ceil(N / lanes) row blocks.
     `library`: the build it was laid out for, which computes its products (lay_out without `lanes`); None for a
-    layout alone, which the build of the moment reads when its lanes match."""
+    layout alone, which the build of the moment reads when its lanes match. `addresses`: where the C loops read
+    words, scale and offset (the layout holds a second reference to each array, so that numpy refuses to
+    resize one, which would move its values and leave the address dangling)."""
     words: np.ndarray
     scale: np.ndarray
     offset: np.ndarray
     library: ctypes.CDLL | None = field(default=None, repr=False)
-    addresses: tuple[int, int, int] = field(init=False, repr=False)  # words, scale, offset: where the C loops read
+    addresses: tuple[int, int, int] = field(init=False, repr=False)
+    _pinned: tuple[np.ndarray, ...] = field(init=False, repr=False)
 
     def __post_init__(self):
         """The C loops trust these dtypes and shapes: checked once here, so that a product checks only its own
         arrays against them (_checked)."""
         for name, a, dtype in (("words", self.words, np.uint32), ("scale", self.scale, np.float32),
                                ("offset", self.offset, np.float32)):
-            if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != 3 or not a.flags.c_contiguous:
-                fail(name, getattr(a, "shape", type(a).__name__),
+            check_type(name, a, np.ndarray, f"a numpy array of {dtype.__name__}")
+            if a.dtype != dtype or a.ndim != 3 or not a.flags.c_contiguous:
+                fail(name, (a.dtype, a.shape, "C-contiguous" if a.flags.c_contiguous else "strided"),
                      f"a C-contiguous {dtype.__name__} array [B, ., lanes]")
         if self.offset.shape != self.scale.shape or self.scale.shape[::2] != self.words.shape[::2]:
             fail("scale and offset", (self.scale.shape, self.offset.shape),
                  f"one shape [B, G, lanes] with words' B and lanes {self.words.shape[::2]}")
-        if self.library is not None and self.library.int4_gemv_lanes() != self.lanes:
-            fail("library", self.library.int4_gemv_lanes(), f"a build for the layout's {self.lanes} lanes")
-        object.__setattr__(self, "addresses", (self.words.ctypes.data, self.scale.ctypes.data,
-                                               self.offset.ctypes.data))
+        if self.library is not None:  # one _load set up, whose argument types pass addresses as 64-bit pointers
+            if getattr(self.library.int4_gemv_int8, "argtypes", None) != _INT8_ARGS:
+                fail("library", self.library, "a library loaded by kernels_c (kernels_c.lay_out gives one)")
+            if self.library.int4_gemv_lanes() != self.lanes:
+                fail("library", self.library.int4_gemv_lanes(), f"a build for the layout's {self.lanes} lanes")
+        arrays = (self.words, self.scale, self.offset)
+        object.__setattr__(self, "addresses", tuple(a.ctypes.data for a in arrays))
+        object.__setattr__(self, "_pinned", arrays)
 
     @property
     def lanes(self) -> int:
         return self.words.shape[2]
+
+    def __copy__(self) -> LaneLayout:  # nothing in it changes
+        return self
 
     def __deepcopy__(self, memo: dict) -> LaneLayout:  # the copy shares the build: one library per process
         return LaneLayout(*(copy.deepcopy(a, memo) for a in (self.words, self.scale, self.offset)), self.library)
@@ -242,15 +257,17 @@ def _checked(x_shape: tuple[int, int], groups: int, layout: LaneLayout, n_rows: 
 
 def _address(name: str, a: np.ndarray, write: bool = False) -> int:
     """Where a's values start, once a is a C-contiguous float32 array (and writable, to `write` into)."""
+    check_type(name, a, np.ndarray, "a float32 numpy array")
     if a.dtype != np.float32 or not a.flags.c_contiguous or (write and not a.flags.writeable):
-        fail(name, (a.dtype, "C-contiguous" if a.flags.c_contiguous else "strided"),
+        fail(name, (a.dtype, "C-contiguous" if a.flags.c_contiguous else "strided",
+                    "writable" if a.flags.writeable else "read-only"),
              "a C-contiguous float32 array" + (" that can be written" if write else ""))
     return a.ctypes.data
 
 
 def gemv(x: np.ndarray, x_sums: np.ndarray, layout: LaneLayout, n_rows: int, threads: int, y: np.ndarray) -> None:
-    """int4_gemv.c's float product into y [M, n_rows] (x [M, K], x_sums [M, G]; layout from lay_out(...,
-    lanes())). RuntimeError when rung 6 is not built here, or a layout alone was written for another build."""
+    """int4_gemv.c's float product into y [M, n_rows] (x [M, K], x_sums [M, G]; layout from lay_out).
+    RuntimeError when rung 6 is not built here, or a layout alone was written for another build."""
     if x.ndim != 2 or x_sums.ndim != 2:
         fail("x", (tuple(x.shape), tuple(x_sums.shape)), "x [M, K] and x_sums [M, G]")
     m_rows, groups = x_sums.shape
@@ -279,3 +296,5 @@ def gemv_int8(x: np.ndarray, block: int, groups: int, layout: LaneLayout, n_rows
         fail("x", "a NaN or inf", "finite values")
     if status == INT8_NO_MEMORY:
         raise MemoryError(f"rung 7 could not allocate {x.size} bytes for x rounded to int8 and its scales")
+    if status:
+        raise RuntimeError(f"int4_gemv_int8 returned status {status}, which kernels_c does not know")

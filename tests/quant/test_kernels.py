@@ -127,6 +127,14 @@ def test_threads_are_set_and_restored():
     assert (torch.get_num_threads(), numba.get_num_threads()) == (torch_before, numba_before)
     with kk.threads(None) as n:
         assert n == numba_before or not kj.ENABLED
+    block = kk.threads(1)  # one object entered twice, nested (the ladder enters one per case, sample after sample)
+    with block:
+        with block:
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1
+    assert (torch.get_num_threads(), numba.get_num_threads()) == (torch_before, numba_before)
+    with pytest.raises(ValueError, match="n must be an int in"):
+        kj.set_threads(kj.max_threads() + 1)
 
 
 def test_refusals():

@@ -2,9 +2,11 @@
 comment says, for both lane counts; the library is built once and found again; builds for AVX2 with 8 lanes and
 with AVX-512's 16 give the same product as the native one, and a build without SIMD (rung 7's plain-C path) the
 same as the AVX2 one; threads give the same product; rung 7 stays exact at the int16 limit of its byte products;
-a weight keeps the build it was laid out for, and a layout alone for another build is refused; a machine without a working C compiler gets a reason and a clean
-refusal instead of a crash (the other rungs and the ladder go on)."""
+a weight keeps the build it was laid out for, and a layout alone for another build is refused; a layout refuses
+arrays the C loops cannot read, and its arrays cannot be resized under it; a machine without a working C compiler
+gets a reason and a clean refusal instead of a crash (the other rungs and the ladder go on)."""
 import copy
+import ctypes
 import pickle
 import platform
 
@@ -155,6 +157,15 @@ def test_switched_off(monkeypatch):
 
 
 @needs_c
+def test_switched_off_after_packing_the_weight_keeps_its_build(monkeypatch):
+    q, x = layer(8, 64, 32)
+    w = kk.pack_weight(q)
+    monkeypatch.setenv("LABKIT_C", "0")
+    assert not kk.available("7 C, int8 x int4 byte products")[0] and kk.pack_weight(q).lanes is None
+    assert close(kk.compiled_c(x, w), exact(x, q), 64) and close(kk.compiled_c_int8(x, w), int8_exact(x, q, 32), 64)
+
+
+@needs_c
 def test_a_weight_laid_out_without_rung_6_is_refused_once_it_is_built(monkeypatch):
     q, x = layer(8, 64, 32)
     monkeypatch.setenv("LABKIT_C", "0")
@@ -173,8 +184,13 @@ def test_a_layout_refuses_arrays_the_c_loops_cannot_read():
     codes = rng.integers(-8, 8, size=(8, 64), dtype=np.int8)
     scale = rng.random((8, 2), dtype=np.float32)
     good = kc.lay_out(codes, scale, np.zeros_like(scale), 8)
-    assert good.library is None and good.addresses[0] == good.words.ctypes.data
-    with pytest.raises(ValueError, match="words must be a C-contiguous uint32 array"):
+    assert good.library is None and good.addresses == tuple(a.ctypes.data for a in (good.words, good.scale,
+                                                                                     good.offset))
+    with pytest.raises(ValueError, match="cannot resize"):  # it would free the values at good.addresses[0]
+        good.words.resize(10 ** 6)
+    with pytest.raises(TypeError, match="words must be a numpy array of uint32, got list"):
+        kc.LaneLayout(good.words.tolist(), good.scale, good.offset)
+    with pytest.raises(ValueError, match=r"words must be a C-contiguous uint32 array .*got \(dtype\('int64'\)"):
         kc.LaneLayout(good.words.astype(np.int64), good.scale, good.offset)
     with pytest.raises(ValueError, match="scale must be a C-contiguous float32 array"):
         kc.LaneLayout(good.words, good.scale[:, :, ::2], good.offset)
@@ -182,6 +198,18 @@ def test_a_layout_refuses_arrays_the_c_loops_cannot_read():
         kc.LaneLayout(good.words, good.scale, good.offset[:, :1].copy())
     with pytest.raises(ValueError, match="scale and offset must be one shape"):
         kc.LaneLayout(good.words[:, :, :4].copy(), good.scale, good.offset)
+    assert copy.copy(good) is good
+
+
+@needs_c
+def test_a_layout_takes_only_a_library_kernels_c_loaded_for_its_lanes():
+    q, _ = layer(20, 64, 32)
+    mine = kc.lay_out(q.codes.numpy(), q.scale.numpy(), q.zero.numpy())
+    with pytest.raises(ValueError, match="library must be a library loaded by kernels_c"):
+        kc.LaneLayout(mine.words, mine.scale, mine.offset, ctypes.CDLL(mine.library._name))  # no argument types
+    other = kc.lay_out(q.codes.numpy(), q.scale.numpy(), q.zero.numpy(), 24 - mine.lanes)  # 16 or 8
+    with pytest.raises(ValueError, match=f"library must be a build for the layout's {other.lanes} lanes"):
+        kc.LaneLayout(other.words, other.scale, other.offset, mine.library)
 
 
 @needs_c
@@ -192,8 +220,9 @@ def test_a_layout_for_this_build_keeps_it():
     assert kk.pack_weight(q).lanes.library is kc._loaded()
     copied, pickled = copy.deepcopy(layout), pickle.loads(pickle.dumps(layout))
     assert copied.library is layout.library and pickled.library is None  # a pickle may go to another process
-    for again in (copied, pickled):
-        assert again.words is not layout.words and np.array_equal(again.words, layout.words)
+    del layout
+    for again in (copied, pickled):  # the original gone: each reads its own arrays
+        assert again.addresses == tuple(a.ctypes.data for a in (again.words, again.scale, again.offset))
         y = np.empty((1, 20), np.float32)
         kc.gemv_int8(x.numpy(), 32, 2, again, 20, 1, y)
         assert close(torch.from_numpy(y), int8_exact(x, q, 32), 64)
@@ -214,6 +243,14 @@ def test_gemv_refuses_shapes_that_do_not_fit_the_layout():
         kc.gemv(x_np, np.zeros((1, 5), np.float32), w.lanes, 20, 1, y)
     with pytest.raises(ValueError, match=r"x \[M, K\] and x_sums \[M, G\]"):
         kc.gemv(x_np[0], sums, w.lanes, 20, 1, y)
+    with pytest.raises(ValueError, match=r"x_sums must be a C-contiguous float32 array, got \(dtype\('float64'\)"):
+        kc.gemv(x_np, sums.astype(np.float64), w.lanes, 20, 1, y)
+    read_only = y.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="y must be a C-contiguous float32 array that can be written, got .*read-only"):
+        kc.gemv(x_np, sums, w.lanes, 20, 1, read_only)
+    with pytest.raises(TypeError, match="y must be a float32 numpy array, got Tensor"):
+        kc.gemv(x_np, sums, w.lanes, 20, 1, torch.from_numpy(y))
     kc.gemv(x_np, sums, w.lanes, 20, 1, y)  # still usable
     assert close(torch.from_numpy(y), exact(x, q), 64)
 
@@ -232,21 +269,24 @@ def test_gemv_int8_refuses_shapes_that_do_not_fit_the_layout():
         kc.gemv_int8(x_np, 16, 4, w.lanes, 20, 1, y)  # 4 groups, laid out with 2
     with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
         kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, np.empty((1, 21), np.float32))
-    y_before = y.copy()
-    for bad in (np.nan, np.inf, -np.inf):  # found by the C loop as it rounds x; y is left as it was
-        x_bad = x_np.copy()
-        x_bad[0, 63] = bad
+    y2 = np.full((2, 20), 7.0, np.float32)
+    for bad in (np.nan, np.inf, -np.inf):  # found by the C loop as it rounds x, in any row; y is left as it was
+        x_bad = np.concatenate([x_np, x_np])
+        x_bad[1, 63] = bad
         with pytest.raises(ValueError, match="x must be finite values"):
-            kc.gemv_int8(x_bad, 32, 2, w.lanes, 20, 1, y)
-        assert np.array_equal(y, y_before, equal_nan=True)
+            kc.gemv_int8(x_bad, 32, 2, w.lanes, 20, 1, y2)
+        assert (y2 == 7).all()
     with pytest.raises(ValueError, match=r"x must be a C-contiguous float32 array, got \(dtype\('float64'\)"):
         kc.gemv_int8(x_np.astype(np.float64), 32, 2, w.lanes, 20, 1, y)
-    with pytest.raises(ValueError, match=r"x must be a C-contiguous float32 array, got \(dtype\('float32'\), 'strided'"):
+    with pytest.raises(ValueError, match=r"x must be a C-contiguous float32 array, got \(dtype\('float32'\), "
+                                         "'strided'"):
         kc.gemv_int8(np.repeat(x_np, 2, axis=1)[:, ::2], 32, 2, w.lanes, 20, 1, y)
     read_only = y.copy()
     read_only.flags.writeable = False
     with pytest.raises(ValueError, match="y must be a C-contiguous float32 array that can be written"):
         kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, read_only)
+    lib = w.lanes.library  # the C function's own guard: its buffer for x's rounded block holds 32
+    assert lib.int4_gemv_int8(x_np.ctypes.data, *w.lanes.addresses, 1, 20, 64, 1, 64, 1, y.ctypes.data) == 3
     with pytest.raises(ValueError, match="groups must be a count of groups that divides"):
         kc.gemv_int8(x_np, 8, 3, w.lanes, 20, 1, y)
     kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, y)  # still usable

@@ -3,7 +3,7 @@ count, the figures derived from the medians as their definitions say, the verdic
 (never a wall-clock assertion), and refusals."""
 import pytest
 
-from labkit.course import Timing
+from labkit.course import Timing, timing
 from labkit.quant import kernels
 from labkit.quant import kernels_speed as ks
 from labkit.quant.kernels_jit import max_threads
@@ -41,6 +41,23 @@ def test_no_call_reads_the_matrix_the_call_before_it_read(monkeypatch):
     matrices = [m for _, m in read]
     assert len(set(matrices)) == 3 and {n for n, _ in read} == set(kernels.RUNGS) | {ks.TORCH}
     assert all(a != b for a, b in zip(matrices, matrices[1:]))
+
+
+def test_a_sample_of_a_fast_case_is_one_product_per_matrix(monkeypatch):
+    # one setting of the thread count per sample (a setting per product added 3-5% to a 4096x4096 one); the
+    # sample is divided by the products in it, the roof's and the slow rungs' samples are one call each
+    calls = {}
+    for name in kernels.RUNGS:
+        monkeypatch.setitem(kernels.RUNGS, name, lambda x, w, name=name: calls.update({name: calls.get(name, 0) + 1}))
+    clock = iter(range(10 ** 6))  # each perf_counter() call one second later: every sample lasts 1 s
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))
+    run = ks.measure_ladder(32, 64, matrices=3, repeats=4, slow_repeats=2, threads=(1,), roof_bytes=4096)
+    for name in kernels.RUNGS:
+        slow = name in ks.SLOW
+        assert calls[name] == (2 + 1 if slow else (4 + 2) * 3)  # (repeats + warmup) samples, products in each
+        assert run.timings[ks.case(name, 1)].times == ((1.0,) * 2 if slow else (1 / 3,) * 4)
+    assert run.timings[ks.case(ks.TORCH, 1)].times == (1 / 3,) * 4
+    assert run.timings[ks.case(ks.ROOF, 1)].times == (1.0,) * 4
 
 
 def fake(times=(1e-3, 1.05e-3, 1.1e-3, 1.15e-3, 1.2e-3)):
