@@ -182,8 +182,9 @@ def measure_ladder(n: int = 4096, k: int = 4096, matrices: int = 8, repeats: int
         fast[case(TORCH, t)] = _cycled(lambda m: m.forward_int4pack(x), [(m,) for m in layers], t, calls, matrices)
         fast[case(ROOF, t)] = _cycled(lambda r: r.sum(), [(roof,)], t, itertools.count())
     timings = interleave(slow, repeats=slow_repeats, warmup=1)
-    for name, timing in interleave(fast, repeats=repeats, warmup=2).items():  # per sample -> per product
-        timings[name] = timing if name.startswith(ROOF) else Timing(tuple(s / matrices for s in timing.times))
+    roofs = {case(ROOF, t) for t in threads}  # a roof's sample is one sum, every other fast case's `matrices` products
+    for name, timing in interleave(fast, repeats=repeats, warmup=2).items():
+        timings[name] = timing if name in roofs else Timing(tuple(s / matrices for s in timing.times))
     nbytes = {name: weights[0].nbytes for name in kernels.RUNGS if name not in missing}
     nbytes[TORCH] = int4_weight_bytes(layers[0])
     return LadderRun(timings, nbytes, n, k, tuple(threads), roof.nbytes, missing)
