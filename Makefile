@@ -1,12 +1,14 @@
 # Two commands do all the set-up (see README.md):
 #   make lab    create .venv with the pinned dependencies, install labkit, write the student notebooks that are
 #               missing into student/ (never overwriting one you changed), start JupyterLab there
-#   make test   the same set-up, then unit and property tests, nbval on every notebook, and the browser test
-#               (when Chromium and playwright are installed; it says so when it skips it)
+#   make test   the same set-up, then unit and property tests, then every notebook run once: the student versions
+#               in JupyterLab in headless Chromium (the browser test), each output compared with the instructor
+#               notebook's stored one as nbval compares it; without Chromium or playwright, it says so and runs
+#               nbval on the instructor notebooks instead
 # Instructors: make student (hand out), make grade SUBMISSIONS=folder [LAB=00_setup] (collect, grade),
 # make lab-instructor (JupyterLab on notebooks/, the solutions). make test-browser: the browser test alone.
-# Maintainers: make test-portable runs nbval again under other CPU kernels (CI runs it after make test); make peers
-# installs llama.cpp (compiled from source) for benchmarks/peers.py.
+# Maintainers: make test-nbval runs nbval on the instructor notebooks, make test-portable the same under other CPU
+# kernels (CI runs it after make test); make peers installs llama.cpp (compiled from source) for benchmarks/peers.py.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -34,10 +36,11 @@ PORTABLE_ENV ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INST
 # servers and pools are started once), nbval each notebook (its cells in order; longest first, notebooks/conftest.py),
 # the browser test one JupyterLab and Chromium per worker. WORKERS=0 runs each in this process, one after another.
 WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
-# The notebooks test-portable checks (one of them: make test-portable NB=notebooks/03_int4_quantization.ipynb).
+NBVAL = $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(NBVAL_FLAGS)
+# The notebooks test-nbval and test-portable check (one: make test-portable NB=notebooks/03_int4_quantization.ipynb).
 NB ?= notebooks
 
-.PHONY: lab lab-instructor test test-portable test-browser peers student grade clean
+.PHONY: lab lab-instructor test test-nbval test-portable test-browser peers student grade clean
 
 # The venv is rebuilt only when pyproject.toml changes: a second `make test` installs nothing.
 $(STAMP): pyproject.toml
@@ -55,26 +58,33 @@ lab-instructor: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(WORKERS) --dist loadfile
-	@# A fresh machine's first matplotlib import writes a font-cache notice to stderr; nbval would see it.
-	@$(BIN)/python -c "import matplotlib.pyplot"
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(NBVAL_FLAGS) notebooks
 	@if [ -x "$(CHROMIUM)" ] && $(BIN)/python -c "import playwright.sync_api" 2>/dev/null; then \
 		$(MAKE) --no-print-directory test-browser; \
 	elif [ "$(BROWSER_TEST)" = required ]; then \
 		echo "FAILED: the browser test needs $(CHROMIUM) (apt-get install chromium) and playwright"; exit 1; \
 	else \
 		echo "SKIPPED: the browser test (make test-browser): no $(CHROMIUM) or no playwright;" \
-			"install Chromium (apt-get install chromium) to run it"; \
+			"install Chromium (apt-get install chromium) to run it. nbval runs the instructor notebooks instead"; \
+		$(MAKE) --no-print-directory test-nbval; \
 	fi
+
+# nbval on the instructor notebooks: each one executed top to bottom, its outputs compared with the stored ones.
+test-nbval: $(STAMP)
+	@# A fresh machine's first matplotlib import writes a font-cache notice to stderr; a compared cell would see it.
+	@$(BIN)/python -c "import matplotlib.pyplot"
+	$(NBVAL) $(NB)
 
 # nbval on every notebook again, under PORTABLE_ENV: the stored outputs must not depend on this machine's CPU.
 test-portable: $(STAMP)
 	@$(BIN)/python -c "import matplotlib.pyplot"
-	env $(PORTABLE_ENV) $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(NBVAL_FLAGS) $(NB)
+	env $(PORTABLE_ENV) $(NBVAL) $(NB)
 
 # Every student notebook opened in JupyterLab in headless Chromium: run all cells, no errors, every widget
-# rendered and answering its controls. Fails (not skips) when Chromium or playwright is missing.
+# rendered and answering its controls, every output nbval compares equal to the instructor notebook's stored one
+# (the solutions themselves run in tests/course/test_solutions.py). Fails (not skips) when Chromium or playwright
+# is missing.
 test-browser: $(STAMP)
+	@$(BIN)/python -c "import matplotlib.pyplot"
 	LABKIT_CHROMIUM=$(CHROMIUM) LABKIT_BROWSER_REQUIRED=1 $(BIN)/python -m pytest -n $(WORKERS) --dist load tests/browser
 
 # Opt-in, never part of lab or test: llama.cpp beside labkit (llama-cpp-python and its OpenAI server, the "peers"

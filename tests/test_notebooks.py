@@ -1,4 +1,5 @@
-"""Static checks of the stored notebooks; nbval (make test) re-executes them and compares outputs."""
+"""Static checks of the stored notebooks; the browser test (make test) re-executes them and compares outputs by
+nbval's rules (tests/notebook_outputs.py), as `make test-nbval` and `make test-portable` do."""
 import json
 import re
 import runpy

@@ -38,6 +38,7 @@ class Findings:
     interactive: int = 0                               # interactive widgets (controls + output) found
     unchanged: list[str] = field(default_factory=list)  # interactive widgets whose output a control did not change
     verdicts: list[str] = field(default_factory=list)  # the check cells' verdict lines ("[TODO] ...") in order
+    saved: dict = field(default_factory=dict, repr=False)  # the notebook as JupyterLab saved it after Run All
     seconds: float = 0.0
 
 
@@ -167,7 +168,7 @@ def run_notebook(browser, lab: Lab, name: str, screenshot: Path, timeout_s: floa
         saved = _saved_notebook(page, lab, name, ms)
         found.errors += [f"cell {i + 1}: {o['ename']}: {o['evalue']}" for i, c in enumerate(saved["cells"])
                          for o in c.get("outputs", []) if o.get("output_type") == "error"]
-        found.verdicts = _verdicts(saved)
+        found.verdicts, found.saved = _verdicts(saved), saved
         boxes = page.query_selector_all(".jp-Notebook .widget-interact")
         found.interactive = len(boxes)
         for n, box in enumerate(boxes, 1):

@@ -1,7 +1,10 @@
 """Every student notebook in JupyterLab in a real browser (headless Chromium): all cells run without an error,
-every widget renders, and moving one control of each interactive widget changes its output. Screenshots go
-to the test's temporary folder (printed on failure). `make test-browser` runs this; without Chromium or
-playwright it is skipped, or fails when LABKIT_BROWSER_REQUIRED=1 (make test-browser, CI)."""
+every widget renders, moving one control of each interactive widget changes its output, and every output that
+nbval compares equals the instructor notebook's stored one (tests/notebook_outputs.py: `make test` runs each
+notebook once, here, and nbval only when there is no browser). Screenshots go to the test's temporary folder
+(printed on failure). `make test-browser` runs this; without Chromium or playwright it is skipped, or fails when
+LABKIT_BROWSER_REQUIRED=1 (make test-browser, CI)."""
+import copy
 import json
 import os
 import runpy
@@ -12,6 +15,8 @@ import nbformat
 import pytest
 
 from labkit.course import classroom, labs
+
+from tests.notebook_outputs import student_run_differences
 
 from . import lab as browser_lab
 from .notebook import expected_interactive, run_notebook
@@ -83,6 +88,15 @@ def test_the_browser_test_sees_errors_and_unresponsive_widgets(session):
     assert any("bad choice" in e for e in found.errors), found.errors
     assert len(found.unchanged) == 1 and found.unchanged[0].startswith("widget 3: checkbox clicked"), found
     assert shot.stat().st_size > 0
+    # the comparison with stored outputs, on what JupyterLab saved: none against itself, one planted change seen
+    stored = session["shots"].parent / "stored.ipynb"
+    stored.write_text(json.dumps(found.saved))
+    assert student_run_differences(stored, found.saved) == (5, [])
+    planted = copy.deepcopy(found.saved)
+    next(o for c in planted["cells"] for o in c.get("outputs", []) if o["output_type"] == "error")["evalue"] = "x"
+    stored.write_text(json.dumps(planted))
+    compared, differences = student_run_differences(stored, found.saved)
+    assert compared == 5 and len(differences) == 1 and "'evalue' differs" in differences[0], differences
 
 
 @pytest.mark.timeout(NOTEBOOK_S + 120)  # pytest-timeout's 300 s would end the run before NOTEBOOK_S does
@@ -99,4 +113,9 @@ def test_student_notebook_in_the_browser(session, path):
     exercises = labs.read_lab(path).exercises
     assert [v.split()[0] for v in found.verdicts] == ["[TODO]"] * len(exercises) and exercises, \
         f"{where}: verdicts {found.verdicts}, expected [TODO] for each of {list(exercises)}"
+    # nbval's comparison, on the student run: every stored output but the solutions' (tests/course/test_solutions.py)
+    compared, differences = student_run_differences(path, found.saved)
+    assert compared and not differences, \
+        f"{where}: {len(differences)} of {compared} compared cells differ from the stored outputs:\n" + \
+        "\n".join(differences)
     assert shot.stat().st_size > 0
