@@ -9,7 +9,11 @@ checked the way nbval checks them:
 
 A cell marked NBVAL_IGNORE_OUTPUT (comment or tag) is not compared, and a reference cell that was never run
 neither; NBVAL_SKIP and NBVAL_RAISES_EXCEPTION are refused (a Run All cannot skip a cell or expect an error).
-tests/browser/test_compare.py checks this module against nbval itself on planted notebooks.
+Where JupyterLab and nbval see a cell's outputs differently, the comparison is at least as strict as nbval's:
+JupyterLab applies clear_output and display updates, as nbclient did when it stored the outputs, where nbval
+keeps every output sent (it would fail such a cell); a compared cell whose stored text holds a carriage return
+or a backspace is refused, since JupyterLab and nbval apply them differently. tests/test_notebook_outputs.py
+checks this module against nbval itself on a planted notebook.
 """
 from __future__ import annotations
 
@@ -43,7 +47,13 @@ def compared(cell) -> bool:
         raise ValueError(f"a cell marked for nbval's {sorted(refused)}: a Run All in the browser runs every cell "
                          f"and expects no error; only NBVAL_IGNORE_OUTPUT and NBVAL_CHECK_OUTPUT are supported:\n"
                          f"{cell.source[:200]}")
-    return options.get("check", True) and cell.execution_count is not None
+    if not (options.get("check", True) and cell.execution_count is not None):
+        return False
+    if any("\r" in o.get("text", "") or "\b" in o.get("text", "") for o in cell.outputs):
+        raise ValueError(f"a compared cell whose stored output holds a carriage return or a backspace (a progress "
+                         f"bar?): JupyterLab and nbval apply them differently; print without them or mark the "
+                         f"cell NBVAL_IGNORE_OUTPUT:\n{cell.source[:200]}")
+    return True
 
 
 def _sanitize(value):
@@ -76,7 +86,9 @@ def difference(stored: list, fresh: list, drop: re.Pattern | None = None) -> str
     `drop` removes matching text from both sides' streams first (the check cells' verdict lines)."""
     want, got = _keyed(stored, drop), _keyed(fresh, drop)
     if set(want) != set(got):
-        return f"output fields differ: stored {sorted(want)}, this run {sorted(got)}"
+        extra = [f"{key} only {side}: {str(values[key][0])[:300]!r}" for side, values, other in
+                 (("stored", want, got), ("in this run", got, want)) for key in sorted(set(values) - set(other))]
+        return "output fields differ: " + "; ".join(extra)
     for key, values in want.items():
         if len(values) != len(got[key]):
             return f"{len(values)} stored '{key}' outputs, {len(got[key])} in this run"
@@ -98,9 +110,10 @@ def _first_difference(a, b) -> str:
 
 def student_run_differences(instructor: Path, saved: dict) -> tuple[int, list[str]]:
     """(cells compared, differences) between the instructor notebook's stored outputs and a run of its student
-    version (`saved`, the notebook JSON JupyterLab wrote after Run All), under nbval's rules. The solution cells are
-    left out (their stubs run here; tests/course/test_solutions.py runs the solutions and their checks), and the
-    check cells' verdict lines are dropped on both sides ([TODO] here, [PASS] stored)."""
+    version (`saved`, the notebook JSON JupyterLab wrote after Run All), under nbval's rules; cells are numbered
+    from 1 among all the notebook's cells. The solution cells are left out (their stubs run here;
+    tests/course/test_solutions.py runs the solutions and their checks), and the check cells' verdict lines are
+    dropped on both sides ([TODO] here, [PASS] stored)."""
     stored = nbformat.read(instructor, as_version=4)
     run = nbformat.reads(json.dumps(saved), as_version=4)
     if len(run.cells) != len(stored.cells):
@@ -111,10 +124,10 @@ def student_run_differences(instructor: Path, saved: dict) -> tuple[int, list[st
         if want.cell_type != "code" or BEGIN in want.source or not compared(want):
             continue
         if got.source != want.source:
-            found.append(f"cell {i}: its source differs from {instructor.name}'s")
+            found.append(f"cell {i + 1}: its source differs from {instructor.name}'s")
             continue
         n += 1
         why = difference(want.outputs, got.outputs, VERDICT if labs.cell_code(want.source) in checks else None)
         if why:
-            found.append(f"cell {i} ({want.source.splitlines()[0][:60]!r}...): {why}")
+            found.append(f"cell {i + 1} ({want.source.splitlines()[0][:60]!r}...): {why}")
     return n, found

@@ -67,3 +67,14 @@ def test_cells_a_run_all_cannot_honour_are_refused():
         with pytest.raises(ValueError, match="only NBVAL_IGNORE_OUTPUT and NBVAL_CHECK_OUTPUT"):
             compared(nbformat.v4.new_code_cell(f"# {marker}\n1 / 0", execution_count=1))
     assert not compared(nbformat.v4.new_code_cell("1", execution_count=None))  # never run: nothing stored
+
+
+def test_a_missing_or_extra_field_is_shown():
+    why = difference([STREAM("1\n")], [STREAM("a warning\n", "stderr"), STREAM("1\n")])
+    assert why == "output fields differ: stderr only in this run: 'a warning\\n'", why
+
+
+def test_a_stored_carriage_return_is_refused():
+    cell = nbformat.v4.new_code_cell("print('x\\r', end='')", execution_count=1, outputs=[STREAM("x\ry\n")])
+    with pytest.raises(ValueError, match="carriage return or a backspace"):
+        compared(cell)

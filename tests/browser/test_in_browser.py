@@ -33,6 +33,7 @@ SELFTEST = [
     "def pick(k):\n    if k != 'a':\n        raise ValueError('bad choice')\n    print(k)\n\n\n"
     "w.interactive(pick, k=w.Dropdown(options=['a', 'b']))",
     "w.interactive(lambda on: print('always the same'), on=w.Checkbox(value=False))",
+    "print('seven', 7)",
     "1 / 0",
     "print('never run')",
 ]
@@ -82,21 +83,24 @@ def test_the_kernels_share_the_cores_among_the_workers(monkeypatch):
 
 def test_the_browser_test_sees_errors_and_unresponsive_widgets(session):
     found, shot = _run(session, "selftest.ipynb", change_s=5)
-    assert found.cells == 6 and found.unrun == [6], found
+    assert found.cells == 7 and found.unrun == [7], found
     assert found.interactive == 3 and found.widgets >= 3, found
     assert any("ZeroDivisionError" in e for e in found.errors), found.errors
     assert any("bad choice" in e for e in found.errors), found.errors
     assert len(found.unchanged) == 1 and found.unchanged[0].startswith("widget 3: checkbox clicked"), found
     assert shot.stat().st_size > 0
-    # the comparison with stored outputs, on what JupyterLab saved: none against itself, one planted change seen
+    # the comparison with stored outputs, on what JupyterLab saved: none against a copy, a planted digit seen
     stored = session["shots"].parent / "stored.ipynb"
     stored.write_text(json.dumps(found.saved))
-    assert student_run_differences(stored, found.saved) == (5, [])
+    assert student_run_differences(stored, found.saved) == (6, [])
     planted = copy.deepcopy(found.saved)
-    next(o for c in planted["cells"] for o in c.get("outputs", []) if o["output_type"] == "error")["evalue"] = "x"
+    cell = next(c for c in planted["cells"] if "seven" in "".join(c["source"]))
+    assert "".join(cell["outputs"][0]["text"]) == "seven 7\n", cell
+    cell["outputs"][0]["text"] = "seven 8\n"
     stored.write_text(json.dumps(planted))
     compared, differences = student_run_differences(stored, found.saved)
-    assert compared == 5 and len(differences) == 1 and "'evalue' differs" in differences[0], differences
+    assert compared == 6 and len(differences) == 1 and differences[0].startswith("cell 5 ("), differences
+    assert "'stdout' differs: line 1:\nstored:   'seven 8'\nthis run: 'seven 7'" in differences[0], differences
 
 
 @pytest.mark.timeout(NOTEBOOK_S + 120)  # pytest-timeout's 300 s would end the run before NOTEBOOK_S does

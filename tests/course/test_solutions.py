@@ -1,8 +1,10 @@
 """Every instructor solution passes its check and prints what the instructor notebook stores ("[PASS] ..."),
 compared by nbval's rules (tests/notebook_outputs.py). The browser test runs the student notebooks, whose
 exercises are stubs, against the same stored outputs; the solutions run here instead, in one kernel: for each lab,
-every top-level import of its notebook, then its solution and check cells in notebook order (8 s, not the labs'
-10 minutes). The whole instructor notebooks still run under nbval in `make test-portable` (CI)."""
+a clean namespace (%reset), every top-level import of its notebook, then its solution and check cells in notebook
+order (8 s, not the labs' 10 minutes). What this leaves out, later cells computing with the instructor's solution
+instead of the reference, is checked where the whole instructor notebooks run: nbval in `make test-portable` (CI)
+and `make test-nbval`."""
 import ast
 
 import nbformat
@@ -30,7 +32,8 @@ def solution_run(paths) -> tuple[nbformat.NotebookNode, list[tuple[str, int]]]:
         stored = nbformat.read(path, as_version=4)
         checks = {cell.code for cell in labs.read_lab(path).cells}
         code = [(i, c) for i, c in enumerate(stored.cells) if c.cell_type == "code"]
-        nb.cells.append(nbformat.v4.new_code_cell("\n".join(s for _, c in code for s in _imports(c.source))))
+        imports = [s for _, c in code for s in _imports(c.source)]
+        nb.cells.append(nbformat.v4.new_code_cell("\n".join(["%reset -f", *imports])))
         where.append((path.stem, -1))
         for i, cell in code:
             if classroom.BEGIN in cell.source or labs.cell_code(cell.source) in checks:
@@ -39,10 +42,24 @@ def solution_run(paths) -> tuple[nbformat.NotebookNode, list[tuple[str, int]]]:
     return nb, where
 
 
+def execute(nb, where):
+    """Run the notebook; an error names the lab and the instructor cell (numbered from 1) it came from."""
+    from nbclient.exceptions import CellExecutionError
+
+    try:
+        classroom.execute(nb)
+    except CellExecutionError as e:
+        failed = next(n for n, cell in enumerate(nb.cells) if any(o.output_type == "error" for o in cell.outputs))
+        lab, i = where[failed]
+        at = "its imports" if i < 0 else f"cell {i + 1}"
+        raise AssertionError(f"{lab}.ipynb, {at}: {e.ename}: {e.evalue} (only the notebook's top-level imports ran "
+                             f"before its solution and check cells)") from None
+
+
 @pytest.fixture(scope="module")
 def ran():
     nb, where = solution_run(NOTEBOOKS)
-    classroom.execute(nb)  # raises, naming the cell, when a solution or its check fails with an error
+    execute(nb, where)
     return {key: cell for key, cell in zip(where, nb.cells)}
 
 
@@ -70,7 +87,17 @@ def test_a_wrong_solution_is_caught(tmp_path):
     assert "* alpha\n" in cell.source
     nbformat.write(nb, tmp_path / path.name)
     run, where = solution_run([tmp_path / path.name])
-    classroom.execute(run)
+    execute(run, where)
     found = {i: difference(nb.cells[i].outputs, c.outputs) for (_, i), c in zip(where, run.cells) if i >= 0}
     wrong = {i: why for i, why in found.items() if why}
     assert len(wrong) == 1 and "[FAIL] lora_forward" in next(iter(wrong.values())), found
+
+
+def test_a_solution_that_needs_more_than_the_imports_is_named(tmp_path):
+    nb = nbformat.read(classroom.NOTEBOOKS / "05_kv_cache.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "def blocks_needed" in c.source)
+    cell.source = cell.source.replace("    ### END SOLUTION", "    ### END SOLUTION\n\n\nblocks_needed(SIZE, 16)")
+    nbformat.write(nb, tmp_path / "05_kv_cache.ipynb")
+    with pytest.raises(AssertionError, match=rf"05_kv_cache.ipynb, cell {nb.cells.index(cell) + 1}: NameError: "
+                                             r"name 'SIZE' is not defined \(only the notebook's top-level imports"):
+        execute(*solution_run([tmp_path / "05_kv_cache.ipynb"]))
