@@ -241,6 +241,10 @@ class _Forwarded(StreamingResponse):
     async def _events(self, events: list[bytes]):
         failure = None
         while True:
+            # the replica's own in-band error fails the request before its event goes out: a client that stops
+            # reading at the error (the openai client raises) must not turn it into "the client left"
+            if self.buffer.error and self.ticket.resolve("failed", "the replica's own in-band error"):
+                self.router.count(inband_errors=1)
             for event in events:
                 yield event
             if self.buffer.done:
@@ -252,10 +256,7 @@ class _Forwarded(StreamingResponse):
             events = self.buffer.feed(value)
         if failure is None:
             self.attempt.close()
-            if self.buffer.error:
-                self.router.count(inband_errors=1)
-                self.ticket.resolve("failed", "the replica's own in-band error")
-            self.ticket.resolve("answered")
+            self.ticket.resolve("answered")  # no-op after the replica's own error
             return
         if failure.connection:
             self.router.connection_failed(self.attempt.replica_id, failure.message)

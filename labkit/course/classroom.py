@@ -85,7 +85,8 @@ def student_notebook(nb: dict, name: str = "notebook") -> dict:
 def execute(nb, cwd: Path = NOTEBOOKS, timeout: int = 300):
     """Run a notebook (an nbformat NotebookNode) top to bottom in a fresh kernel of *this* Python, as nbval's
     --nbval-current-env does; fills in its outputs and returns it. Raises on the first failing cell. The
-    kernel is shut down afterwards. (benchmarks/notebook_time.py uses it; grading is labkit.course.submission.)"""
+    kernel is shut down afterwards. (benchmarks/notebook_time.py and tests/course/test_solutions.py use it; grading
+    is labkit.course.submission.)"""
     from jupyter_client import KernelManager
     from nbclient import NotebookClient
     from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager

@@ -87,8 +87,9 @@ class FakeReplica:
     """A replica that misbehaves on purpose: mode "503" answers every generation request 503 (OpenAI's body);
     "hang" sends `events` stream events (0: nothing, not even headers) then waits until stop(); "break" sends
     `events` events then drops the connection mid-body; "end" sends `events` events and ends its body cleanly
-    without [DONE]; "inband" sends `events` events, its own in-band error event and [DONE]. `calls` counts generation requests; `left` the callers that hung up while it was hanging
-    (before its headers or mid-stream)."""
+    without [DONE]; "inband" sends `events` events, its own in-band error event and [DONE]; "inband-hang" the
+    same without [DONE], waiting until stop(). `calls` counts generation requests; `left` the callers that hung up
+    while it was hanging (before its headers or mid-stream)."""
 
     def __init__(self, mode: str, events: int = 0):
         self.mode, self.events, self.calls, self.left = mode, events, 0, 0
@@ -112,8 +113,9 @@ class FakeReplica:
                 raise RuntimeError("the fake replica breaks its stream (on purpose)")
             if self.mode == "end":
                 return
-            if self.mode == "inband":
+            if self.mode.startswith("inband"):
                 yield protocol.sse(protocol.APIError(500, "the fake engine failed", type="server_error").body())
+            if self.mode == "inband":
                 yield protocol.sse("[DONE]")
                 return
             try:

@@ -253,8 +253,11 @@ def test_a_stream_that_ends_early_ends_in_band_and_leaves_its_replica_up():
 
 
 @pytest.mark.timeout(60)
-def test_a_replica_s_own_in_band_error_passes_through_and_counts_as_failed():
-    with fake_replica("inband", events=1) as fake, local_router(heartbeat_timeout=60.0) as lr:
+@pytest.mark.parametrize("mode", ["inband", "inband-hang"])
+def test_a_replica_s_own_in_band_error_passes_through_and_counts_as_failed(mode):
+    """The openai client raises at the error event and leaves: the request counts as the replica's in-band error
+    whether its [DONE] came in the same read, a later one ("inband": a race) or never ("inband-hang")."""
+    with fake_replica(mode, events=1) as fake, local_router(heartbeat_timeout=60.0) as lr:
         lr.register(fake.url)
         with pytest.raises(openai.APIError, match="the fake engine failed"):
             for _ in lr.client().completions.create(prompt="x", max_tokens=4, stream=True, **GREEDY):
@@ -262,6 +265,8 @@ def test_a_replica_s_own_in_band_error_passes_through_and_counts_as_failed():
         stats = settled(lr.router)
         assert stats["failed"] == stats["inband_errors"] == 1 and stats["answered"] == 0 and accounted(stats)
         assert lr.replicas()[0]["state"] == "up"  # it answered: its connection is fine
+        if mode == "inband-hang":
+            assert wait_until(lambda: fake.left == 1), "the router kept the replica's request open"
 
 
 @pytest.mark.timeout(120)
