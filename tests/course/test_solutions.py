@@ -70,7 +70,7 @@ def test_each_solution_passes_its_check_as_stored(ran, path):
     n_checks = sum(len(c.checks) for c in labs.read_lab(path).cells)
     assert len(cells) >= 2 * n_checks > 0, f"{path.name}: {len(cells)} cells run for {n_checks} checks"
     for i, cell in cells.items():
-        assert compared(stored.cells[i]), f"{path.name} cell {i + 1}: a solution or check cell nbval would not compare"
+        assert compared(stored.cells[i]), f"{path.name} cell {i + 1}: a solution or check cell nbval does not compare"
         why = difference(stored.cells[i].outputs, cell.outputs)
         assert why is None, f"{path.name} cell {i + 1}: {why}"
     verdicts = [line for i in cells for o in stored.cells[i].outputs if o.output_type == "stream"
