@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.notebook_outputs import VERDICT
+
 from .lab import TRACEBACK, Lab
 
 PROMPTS = "() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent)"
@@ -133,7 +135,7 @@ def _verdicts(nb: dict) -> list[str]:
     """The verdict lines that the notebook's check cells printed, in order."""
     return [line for c in nb["cells"] if "check.exercise(" in "".join(c.get("source", ""))
             for o in c.get("outputs", []) if o.get("output_type") == "stream"
-            for line in "".join(o["text"]).splitlines() if re.match(r"\[(PASS|FAIL|TODO)\]", line)]
+            for line in "".join(o["text"]).splitlines() if VERDICT.match(line)]
 
 
 def run_notebook(browser, lab: Lab, name: str, screenshot: Path, timeout_s: float = 600,

@@ -17,11 +17,10 @@ NOTEBOOKS = sorted(classroom.NOTEBOOKS.glob("*.ipynb"))
 
 
 def _imports(source: str) -> list[str]:
-    """A cell's top-level import statements, as code (IPython's %magics translated first)."""
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    tree = ast.parse(TransformerManager().transform_cell(source))
-    return [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    """A cell's top-level import statements, as code (IPython's %magics translated first, as labkit.course.labs
+    reads a cell)."""
+    tree = labs._parse(source)
+    return [] if tree is None else [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 def solution_run(paths) -> tuple[nbformat.NotebookNode, list[tuple[str, int]]]:
