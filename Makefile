@@ -8,7 +8,8 @@
 # Instructors: make student (hand out), make grade SUBMISSIONS=folder [LAB=00_setup] (collect, grade),
 # make lab-instructor (JupyterLab on notebooks/, the solutions). make test-browser: the browser test alone.
 # Maintainers: make test-nbval runs nbval on the instructor notebooks, make test-portable the same under other CPU
-# kernels (CI runs it after make test); make peers installs llama.cpp (compiled from source) for benchmarks/peers.py.
+# kernels, make test-builds the kernel tests under every build of lab 03's C rungs this CPU runs (CI runs both after
+# make test); make peers installs llama.cpp (compiled from source) for benchmarks/peers.py.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -33,6 +34,9 @@ CLASSROOM := $(BIN)/python -m labkit.course.classroom
 # to 4), so the two runs differ in thread count on every machine, and in the CPU's kernels on one with AVX-512 or
 # AMX: a stored output that depends on either fails one of them, on the maintainer's own machine.
 PORTABLE_ENV ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+# ... and lab 03's C rungs built for the lane count this CPU would not choose (16 on an AVX2 CPU, 8 on an AVX-512
+# one), while the browser test runs this CPU's own: a stored output that depends on the lanes fails one of them.
+OTHER_LANES = $(shell $(BIN)/python -m tests.quant.builds --other-lanes-flags 2>/dev/null)
 # Worker processes (pytest-xdist), one per core: the unit suite keeps each test file on one worker (its module's
 # servers and pools are started once), nbval each notebook (its cells in order; longest first, notebooks/conftest.py),
 # the browser test one JupyterLab and Chromium per worker. WORKERS=0 runs each in this process, one after another.
@@ -41,7 +45,7 @@ NBVAL = $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(NBVAL_FLAGS)
 # The notebooks test-nbval and test-portable check (one: make test-portable NB=notebooks/03_int4_quantization.ipynb).
 NB ?= notebooks
 
-.PHONY: lab lab-instructor test test-nbval test-portable test-browser peers student grade clean
+.PHONY: lab lab-instructor test test-nbval test-portable test-builds test-browser peers student grade clean
 
 # The venv is rebuilt only when pyproject.toml changes: a second `make test` installs nothing.
 $(STAMP): pyproject.toml
@@ -58,7 +62,7 @@ lab-instructor: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_FLAGS) $(ROOT_FLAG)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(WORKERS) --dist loadfile
+	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(WORKERS) --dist loadfile -rs
 	@if [ -x "$(CHROMIUM)" ] && $(BIN)/python -c "import playwright.sync_api" 2>/dev/null; then \
 		$(MAKE) --no-print-directory test-browser; \
 	elif [ "$(BROWSER_TEST)" = required ]; then \
@@ -78,7 +82,12 @@ test-nbval: $(STAMP)
 # nbval on every notebook again, under PORTABLE_ENV: the stored outputs must not depend on this machine's CPU.
 test-portable: $(STAMP)
 	@$(BIN)/python -c "import matplotlib.pyplot"
-	env $(PORTABLE_ENV) $(NBVAL) $(NB)
+	env $(PORTABLE_ENV) LABKIT_CFLAGS="$(OTHER_LANES)" $(NBVAL) $(NB)
+
+# The kernel tests (tests/quant/test_kernels*.py) once per build of lab 03's C rungs that this CPU runs: plain C,
+# AVX2, AVX-512 and VNNI where the CPU has them, both lane counts, clang, LABKIT_C=0 (tests/quant/builds.py).
+test-builds: $(STAMP)
+	$(BIN)/python -m tests.quant.builds
 
 # Every student notebook opened in JupyterLab in headless Chromium: run all cells, no errors, every widget
 # rendered and answering its controls, every output nbval compares equal to the instructor notebook's stored one

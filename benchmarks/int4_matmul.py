@@ -24,16 +24,21 @@ llama.cpp's Q4_0 / Q4_K on 4096x14336, as ggml's `test-backend-ops perf -o MUL_M
 that tool times one matrix again and again, on half the hardware threads unless told otherwise: 1 thread on these
 2-core machines). benchmarks/peers.py times llama.cpp in turns with the ladder's top rung.
 
+The builds of rung 7 in turns (builds_in_turns): the same weights laid out once per build this CPU runs (this
+CPU's own, with VNNI's vpdpbusd where it has it; its AVX2 byte products, VNNI switched off; plain C), each build's
+products timed in the same rounds, with the roof, on 4096x4096 at 1 and 2 threads: what VNNI buys on this CPU.
+
 Copy the output into benchmarks/RESULTS.md.
 """
 
+import os
 import sys
 
 import torch
 
-from labkit.course import evidence
+from labkit.course import evidence, interleave
 from labkit.course.timing import measure
-from labkit.quant import QuantLinear, kernels, kernels_speed, quantize, speed, verdicts
+from labkit.quant import QuantLinear, kernels, kernels_c, kernels_speed, quantize, speed, verdicts
 
 N = K = 4096
 LADDER_SHAPES = ((4096, 4096, 8), (4096, 14336, 3))  # (N, K, matrices cycled)
@@ -93,6 +98,59 @@ def ladder(repeats: int = 15) -> None:
                   f"{roof.verdict()} (median {roof.median:.0%}, per round {min(shares):.0%}-{max(shares):.0%})")
 
 
+# rung 7's builds compared in turns: $LABKIT_CFLAGS of each ("" = this CPU's own choice)
+BUILDS = {"this CPU's own": "",
+          "AVX2 byte products (no VNNI)": "-O3 -march=native -mno-avx512vnni -mno-avxvnni -fopenmp",
+          "plain C": "-O3 -fopenmp -mno-avx2"}
+
+
+def builds_in_turns(repeats: int = 15, matrices: int = 8) -> None:
+    """Rung 7 under each build this CPU runs, the same weights, in the same rounds as the roof."""
+    gen = torch.Generator().manual_seed(1)
+    qs = [quantize(torch.randn(N, K, generator=gen) * 0.02, 4, "asym", 32) for _ in range(matrices)]
+    x = torch.randn(1, K, generator=gen)
+    laid_out, paths, saved = {}, set(), os.environ.get("LABKIT_CFLAGS")
+    for name, flags in BUILDS.items():
+        os.environ["LABKIT_CFLAGS"] = flags
+        ok, how = kernels_c.available()
+        path = how.split(" float lanes, ")[-1]  # lanes and rung 7's path: a build that repeats one is left out
+        print(f"{name}: {how}" + ("" if not ok or path not in paths else " (the same path as above: left out)"))
+        if ok and path not in paths:
+            paths.add(path)
+            laid_out[name] = [kernels.pack_weight(q) for q in qs]  # each weight keeps the build it was laid out for
+    if saved is None:
+        os.environ.pop("LABKIT_CFLAGS")
+    else:
+        os.environ["LABKIT_CFLAGS"] = saved
+    if not laid_out:
+        print("no build of rung 7 runs here")
+        return
+    roof = torch.ones(speed.ROOF_BYTES // 4)
+
+    def on(threads, fn):
+        def run():
+            with kernels.threads(threads):
+                fn()
+        return run
+
+    cases = {}
+    for t in (2, 1):
+        for name, ws in laid_out.items():
+            cases[f"rung 7, {name}, {t} thread(s)"] = on(t, lambda ws=ws: [kernels.compiled_c_int8(x, w) for w in ws])
+        cases[f"roof, {t} thread(s)"] = on(t, roof.sum)
+    timings = interleave(cases, repeats=repeats, warmup=1)
+    weight_bytes = sum(w.nbytes for w in next(iter(laid_out.values())))
+    print(f"\nrung 7's builds in turns, {matrices} x [{N}, {K}], batch 1, {repeats} rounds (medians)")
+    for t in (2, 1):
+        roof_rate = roof.numel() * 4 / timings[f"roof, {t} thread(s)"].median
+        for name in laid_out:
+            timing = timings[f"rung 7, {name}, {t} thread(s)"]
+            rate = weight_bytes / timing.median
+            print(f"  @{t} {name:<30} {timing.median * 1e3 / matrices:6.3f} ms per matrix, {rate / 1e9:5.1f} GB/s = "
+                  f"{rate / roof_rate:4.0%} of the roof (spread {timing.spread:.0%})")
+
+
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 30)
     ladder()
+    builds_in_turns()

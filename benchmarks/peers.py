@@ -218,6 +218,8 @@ def gemv(folder: Path, repeats: int) -> None:
     print(f"(b) INT4 batch-1 matrix-vector products, {MATRICES} x [{WIDTH}, {WIDTH}] per sweep or per llama.cpp "
           f"token, {repeats} rounds in turns (medians); torch {torch.__version__}, llama-cpp-python "
           f"{llama_cpp.__version__}{BUFTS}; labkit rung {rung!r}")
+    if rung in kernels.C_RUNGS:  # which instructions ran: the build's compiler, flags, lanes and rung 7's path
+        print(f"    labkit's C rungs: {kernels.available(rung)[1]}")
     for t in (2, 1):
         print(f"    roof on {t} thread{'s' if t > 1 else ' '}: {roofs[t] / 1e9:5.1f} GB/s")
     for name, timing in timings.items():

@@ -21,15 +21,29 @@
        with offset = scale (24 + zero): 24 = 8 (the nibble's offset) + 16 (the 1 in f, times 16)
 
    A group holds a whole number of words (group length a multiple of 8: kernels.py refuses others). Row
-   blocks are shared out over `threads` OpenMP threads; without OpenMP the pragma is ignored and one thread
-   runs. x float32 [M, K]; x_sums float32 [M, G] (x summed per group); y float32 [M, N] (written). */
+   blocks are shared out over `threads` OpenMP threads; without OpenMP one thread runs. x float32 [M, K];
+   x_sums float32 [M, G] (x summed per group); y float32 [M, N] (written).
+
+   Checked builds (tests/quant/test_kernels_c.py, test_kernels_c_builds.py): GCC and clang, with and without
+   OpenMP, for x86-64 (8 and 16 lanes; plain C, AVX2, AVX-VNNI, AVX-512 VNNI) and aarch64 (run under qemu), all
+   without a warning under -Wall -Wextra. */
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__)
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
+#if defined(_OPENMP)
+#define PARALLEL_FOR(threads) _Pragma("omp parallel for num_threads(threads) schedule(static)")
+#else
+#define PARALLEL_FOR(threads) (void)(threads); /* one thread */
+#endif
+/* Every function that returns a vector is inlined, and none takes one by value: no vector crosses a call, whose
+   ABI GCC and clang warn about in builds without AVX. */
+#define INLINE static inline __attribute__((always_inline))
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 #if !defined(LANES) /* -DLANES=16 builds AVX-512's layout on an AVX2 CPU as well (tests/quant/test_kernels_c.py) */
 #if defined(__AVX512F__)
@@ -46,14 +60,14 @@ typedef float floats_v __attribute__((vector_size(4 * LANES)));   /* them onto t
 
 int int4_gemv_lanes(void) { return LANES; } /* the layout kernels_c.lay_out must write */
 
-static words_v load_words(const uint32_t *p) { words_v v; memcpy(&v, p, sizeof v); return v; }
-static floats_v load_floats(const float *p) { floats_v v; memcpy(&v, p, sizeof v); return v; }
+INLINE words_v load_words(const uint32_t *p) { words_v v; memcpy(&v, p, sizeof v); return v; }
+INLINE floats_v load_floats(const float *p) { floats_v v; memcpy(&v, p, sizeof v); return v; }
 
 /* nibble t of each lane (0..15) as the float 1 + nibble / 16: moved to the top 4 of the 23 fraction bits
    (19..22) and ORed into the bit pattern of 1.0f (0x3F800000). Nibble 5: 0x3F800000 | 5 << 19 = 0x3FA80000,
    the float 1.3125 = 1 + 5/16 (each fraction bit 19..22 is worth 1/16, 1/8, 1/4, 1/2). */
-static inline floats_v one_plus_sixteenth(words_v w, int t) {
-    words_v at19 = t < 5 ? w << (19 - 4 * t) : w >> (4 * t - 19);
+INLINE floats_v one_plus_sixteenth(const words_v *w, int t) { /* w by address: no vector argument */
+    words_v at19 = t < 5 ? *w << (19 - 4 * t) : *w >> (4 * t - 19);
     words_v bits = (at19 & (15u << 19)) | 0x3F800000u;
     floats_v f;
     memcpy(&f, &bits, sizeof f);
@@ -61,14 +75,14 @@ static inline floats_v one_plus_sixteenth(words_v w, int t) {
 }
 
 /* LANES rows' sum over one group of sum_k f_k x_k (words: the group's first word; x: its first input) */
-static inline floats_v group_sum(const uint32_t *words, const float *x, int64_t words_per_group) {
+INLINE floats_v group_sum(const uint32_t *words, const float *x, int64_t words_per_group) {
     floats_v part0 = {0}, part1 = {0}; /* two sums in flight: one would wait for the previous add */
     for (int64_t j = 0; j < words_per_group; j++) {
         const words_v w = load_words(words + j * LANES);
         const float *xj = x + 8 * j;
         for (int t = 0; t < 8; t += 2) { /* the compiler unrolls this: constant shifts */
-            part0 += one_plus_sixteenth(w, t) * xj[t];
-            part1 += one_plus_sixteenth(w, t + 1) * xj[t + 1];
+            part0 += one_plus_sixteenth(&w, t) * xj[t];
+            part1 += one_plus_sixteenth(&w, t + 1) * xj[t + 1];
         }
     }
     return part0 + part1;
@@ -78,7 +92,7 @@ void int4_gemv(const float *x, const float *x_sums, const uint32_t *words, const
                const float *offset, int64_t m_rows, int64_t n_rows, int64_t k, int64_t groups, int threads,
                float *y) {
     const int64_t blocks = (n_rows + LANES - 1) / LANES, words_per_group = k / groups / 8;
-#pragma omp parallel for num_threads(threads) schedule(static)
+    PARALLEL_FOR(threads)
     for (int64_t b = 0; b < blocks; b++) {
         const uint32_t *block = words + b * (k / 8) * LANES;
         const float *s = scale + b * groups * LANES, *o = offset + b * groups * LANES;
@@ -99,26 +113,57 @@ void int4_gemv(const float *x, const float *x_sums, const uint32_t *words, const
 }
 
 /* Rung 7: rung 5's arithmetic (x rounded to int8 per block, as llama.cpp's Q8_0) on rung 6's layout. The
-   codes stay bytes: AVX2's vpmaddubsw multiplies 32 unsigned bytes (nibbles 0..15: 8 rows x 4 inputs) by 32
-   signed bytes (the same 4 bytes of x in every row) and adds neighbours into 16 int16s, vpmaddwd adds those
-   pairs into 8 int32s, one per output row. A word's low nibbles hold inputs 8j, 8j+2, 8j+4, 8j+6 and its
-   high nibbles 8j+1, .., 8j+7, so each meets four bytes of x_even or x_odd broadcast to every lane.
-   Per x block (8, 16 or 32 inputs, one weight group or part of one) each int16 sum is at most
-   4 words * 2 * 2 * 15 * 127 = 30,480 < 32,767 (no saturation); then one float conversion per block and row, and
+   codes stay bytes: one instruction multiplies 32 unsigned bytes (nibbles 0..15: 8 rows x 4 inputs) by 32 signed
+   bytes (the same 4 bytes of x in every row). A word's low nibbles hold inputs 8j, 8j+2, 8j+4, 8j+6 and its high
+   nibbles 8j+1, .., 8j+7, so each meets four bytes of x_even or x_odd broadcast to every lane. Which instruction
+   is chosen at build time, as the lanes are, from what the compiler targets (int4_gemv_int8_path names it):
+
+     VNNI     vpdpbusd (AVX-512 VNNI with VL, or AVX-VNNI): the 4 products of each row summed into its int32, as
+              ggml's x86 kernels do. Exact: 16 * 15 * 127 per block of 32 fits an int32 with room to spare.
+     AVX2     vpmaddubsw adds neighbouring products into 16 int16s, vpmaddwd adds those pairs into 8 int32s, one
+              per output row: two instructions and an add where VNNI has one. Per x block (8, 16 or 32 inputs)
+              each int16 sum is at most 4 words * 2 * 2 * 15 * 127 = 30,480 < 32,767 (no saturation).
+     plain C  the same integer sums, one row and one input at a time (another CPU, or no -march=native).
+
+   Both SIMD paths work on 8 rows per 256-bit register, twice on a 16-lane build. All three give the same int32
+   sums, so the same y to the bit. Then one float conversion per block and row, and
 
        y[m, n] = sum_b scale[n, g(b)] x_scale[m, b] sum_{k in b} nibble_k xq_k  -  sum_g scale (8 + zero) xs[m, g]
 
    with xs the group sums of the rounded x (x_scale * xq), and scale (8 + zero) = offset - 16 scale (offset
-   is rung 6's). Exact for the rounded x up to float rounding. Without AVX2 (another CPU, or a build without
-   -march=native) the same sums run in plain C. x is checked and rounded here, once per call (quantize_row): in
-   torch ops it cost about a tenth of a 4096 x 14336 product, here about 6 us for 4096 inputs (AVX2 EPYC). */
-static inline __attribute__((always_inline)) void int8_block(const uint32_t *words, const int8_t *xe,
-                                                             const int8_t *xo, int64_t n_words,
-                                                             int32_t *dots /* [LANES] */) {
-#if defined(__AVX2__)
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+   is rung 6's). Exact for the rounded x up to float rounding. x is checked and rounded here, once per call
+   (quantize_row): in torch ops it cost about a tenth of a 4096 x 14336 product, here about 6 us for 4096 inputs
+   (AVX2 EPYC). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s) /* EVEX encoding */
+#elif defined(__AVXVNNI__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s) /* VEX encoding */
+#elif defined(__AVX2__) && defined(LABKIT_EMULATE_VNNI)
+/* tests only: vpdpbusd's definition in AVX2 (exact for nibbles, whose byte pairs stay far below int16's limit),
+   so that the VNNI path's loop runs on a CPU without VNNI (tests/quant/test_kernels_c.py) */
+#define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+
+INLINE void int8_block(const uint32_t *words, const int8_t *xe, const int8_t *xo, int64_t n_words,
+                       int32_t *dots /* [LANES] */) {
+#if defined(DPBUSD)
+    const __m256i low = _mm256_set1_epi8(0x0F);
     for (int h = 0; h < LANES; h += 8) { /* 8 rows per 256-bit register: 1 or 2 halves */
-        __m256i sums = _mm256_setzero_si256(); /* int16 */
+        __m256i sums = _mm256_setzero_si256(); /* int32, one per row */
+        for (int64_t j = 0; j < n_words; j++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(words + j * LANES + h));
+            int32_t e, o;
+            memcpy(&e, xe + 4 * j, 4);
+            memcpy(&o, xo + 4 * j, 4);
+            sums = DPBUSD(sums, _mm256_and_si256(w, low), _mm256_set1_epi32(e));
+            sums = DPBUSD(sums, _mm256_and_si256(_mm256_srli_epi16(w, 4), low), _mm256_set1_epi32(o));
+        }
+        _mm256_storeu_si256((__m256i *)(dots + h), sums);
+    }
+#elif defined(__AVX2__)
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < LANES; h += 8) {
+        __m256i sums = _mm256_setzero_si256(); /* int16, two per row */
         for (int64_t j = 0; j < n_words; j++) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(words + j * LANES + h));
             int32_t e, o;
@@ -143,11 +188,49 @@ static inline __attribute__((always_inline)) void int8_block(const uint32_t *wor
 #endif
 }
 
-#if defined(__AVX2__)
-int int4_gemv_int8_simd(void) { return 1; } /* rung 7's byte products: vpmaddubsw (1) or plain C (0) */
+/* rung 7's byte products, as available() reports them */
+const char *int4_gemv_int8_path(void) {
+#if defined(DPBUSD) && defined(LABKIT_EMULATE_VNNI) && !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)
+    return "vpdpbusd emulated in AVX2 (a test build)";
+#elif defined(DPBUSD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "AVX-512 VNNI vpdpbusd";
+#elif defined(DPBUSD)
+    return "AVX-VNNI vpdpbusd";
+#elif defined(__AVX2__)
+    return "AVX2 vpmaddubsw + vpmaddwd";
 #else
-int int4_gemv_int8_simd(void) { return 0; }
+    return "plain C";
 #endif
+}
+
+/* The x86 instruction sets this build uses that the CPU running it lacks ("" when none): a library built for
+   another CPU (a shared folder, a copied checkout, $LABKIT_CFLAGS) is refused by kernels_c before any of its
+   vector code runs, instead of dying with an illegal instruction. */
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("arch=x86-64"))) /* this check itself in instructions every x86-64 CPU runs */
+#endif
+const char *int4_gemv_missing_isa(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+#if defined(__AVX512VNNI__)
+    if (!__builtin_cpu_supports("avx512vnni")) return "avx512vnni";
+#endif
+#if defined(__AVX512F__)
+    if (!__builtin_cpu_supports("avx512f")) return "avx512f";
+#endif
+#if defined(__AVXVNNI__) /* CPUID leaf 7, subleaf 1, EAX bit 4 (clang 14's __builtin_cpu_supports lacks it) */
+    unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 4))) return "avxvnni";
+#endif
+#if defined(__AVX2__)
+    if (!__builtin_cpu_supports("avx2")) return "avx2";
+#endif
+#if defined(__FMA__)
+    if (!__builtin_cpu_supports("fma")) return "fma";
+#endif
+#endif
+    return "";
+}
 
 /* x's row [K] rounded as llama.cpp's Q8_0 (and labkit.quant.kernels.quantize_activations): per block,
    x_scale = max |x| / 127 (1 for an all-zero block) and xq = round(x / x_scale), ties to even; the even and
@@ -210,7 +293,7 @@ int int4_gemv_int8(const float *x, const uint32_t *words, const float *scale, co
             free(x_scale);
             return INT8_X_NOT_FINITE;
         }
-#pragma omp parallel for num_threads(threads) schedule(static)
+    PARALLEL_FOR(threads)
     for (int64_t b = 0; b < blocks; b++) {
         const uint32_t *rows = words + b * (k / 8) * LANES;
         const float *s = scale + b * groups * LANES, *o = offset + b * groups * LANES;

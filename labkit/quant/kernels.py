@@ -23,8 +23,9 @@
                    lanes; OpenMP threads over blocks of rows. Only where a C compiler is (kernels_c), for groups
                    of a multiple of 8 inputs
     7 C int8       rung 5's arithmetic (llama.cpp's Q4_0 x Q8_0 idea) in C on rung 6's layout: the codes stay
-                   bytes, and AVX2's vpmaddubsw multiplies 32 of them (8 rows x 4 inputs) by 4 int8 inputs
-                   broadcast to every row; one float step per block of 32 inputs (8 or 16 for shorter groups).
+                   bytes, and one instruction (VNNI's vpdpbusd, else AVX2's vpmaddubsw) multiplies 32 of them
+                   (8 rows x 4 inputs) by 4 int8 inputs broadcast to every row; one float step per block of 32
+                   inputs (8 or 16 for shorter groups).
                    Approximate as rung 5; where rung 6 is
 
 RUNGS lists them in order (name -> function). The loops are in kernels_jit.py and int4_gemv.c.
@@ -152,6 +153,17 @@ def _group_sums(x: np.ndarray, group_len: int) -> np.ndarray:
     return x.reshape(x.shape[0], -1, group_len).sum(-1, dtype=np.float32)
 
 
+def _in_range(y: np.ndarray, x: np.ndarray, rung: int, headroom: str) -> torch.Tensor:
+    """y as a tensor, once it is finite. Rungs 4 and 6 take the zero point off after summing codes shifted to be
+    positive (`headroom`), so a finite x whose exact product is finite can overflow float32 (3.4e38) on the way:
+    refused, never returned as inf or NaN (rungs 1-3 sum the dequantized weights and handle such x)."""
+    if not np.isfinite(y).all():
+        fail("x", f"max |x| {float(np.abs(x).max()):.3g}",
+             f"inputs small enough for rung {rung}, whose partial sums reach {headroom} times |scale| * sum |x| over "
+             "a group and must stay below float32's 3.4e38 (rungs 1-3 have no such headroom: use one of them)")
+    return torch.from_numpy(y)
+
+
 def _split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x [M, K] -> (x[:, 0::2], x[:, 1::2]), each contiguous [M, K/2]."""
     return np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
@@ -184,12 +196,13 @@ def fused(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 @_ladder_rung
 def blocked(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """Rung 4: rows split over the threads, scale and zero applied once per group (kernels_jit.blocked).
-    Thread count: numba's (set it with threads(n))."""
+    Thread count: numba's (set it with threads(n)). Range: the nibble sums reach 15 |scale| sum |x| per group
+    (ValueError naming x where that overflows float32)."""
     x_np = x.numpy()
     x_even, x_odd = _split(x_np)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     jit.blocked(x_even, x_odd, _group_sums(x_np, w.group_len), w.packed, w.scale, w.zero, ROWS_PER_TASK, y)
-    return torch.from_numpy(y)
+    return _in_range(y, x_np, 4, "15")
 
 
 def x_block(group_len: int) -> int:
@@ -244,18 +257,20 @@ def _lanes(w: Int4Weight, rung: int) -> kernels_c.LaneLayout:
 def compiled_c(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """Rung 6: C vectorized by this machine's compiler, output rows in the SIMD lanes (int4_gemv.c, kernels_c).
     Thread count: torch's (set it with threads(n)). RuntimeError where no C compiler built it
-    (kernels_c.available)."""
+    (kernels_c.available). Range: the bit trick's sums reach 32 |scale| sum |x| per group, and the offsets
+    (24 + |zero|) |scale| sum |x| (ValueError naming x where that overflows float32)."""
     lanes = _lanes(w, 6)
     x_np = x.numpy()
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     kernels_c.gemv(x_np, _group_sums(x_np, w.group_len), lanes, w.shape[0], torch.get_num_threads(), y)
-    return torch.from_numpy(y)
+    return _in_range(y, x_np, 6, "32 (and the offsets 24 + |zero|)")
 
 
 @functools.partial(_ladder_rung, finite_checked=True)  # the C loop finds a NaN or inf as it rounds x
 def compiled_c_int8(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """Rung 7: rung 5's arithmetic (x rounded to int8 per block) in C on rung 6's layout, the codes multiplied
-    as bytes (AVX2's vpmaddubsw where the CPU has it: int4_gemv.c, int4_gemv_int8). Approximate as rung 5.
+    as bytes (VNNI's vpdpbusd or AVX2's vpmaddubsw where the CPU has them: int4_gemv.c, int4_gemv_int8).
+    Approximate as rung 5.
     Thread count: torch's. RuntimeError where no C compiler built it (kernels_c.available)."""
     lanes = _lanes(w, 7)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)

@@ -4,18 +4,24 @@ section 8; labkit.quant.kernels calls them).
     int4_gemv.c --(cc -O3 -march=native -fopenmp -shared -fPIC)--> int4_gemv-<hash>.so --(ctypes)--> gemv(...)
                                                                                                   gemv_int8(...)
 
-Built once per machine and source on first use (about a second), kept beside the package's bytecode
+Built once per CPU and source on first use (about a second), kept beside the package's bytecode
 (__pycache__, else the user's cache folder, else the temporary folder) under a name that hashes the source,
-the compiler's version and the flags, so that a new CPU flag or an edited kernel builds a new library. The
-compiler is $CC when set, else cc, gcc or clang on PATH. Flags are tried best first: -march=native (the
+the compiler's version, the flags and what they target (the compiler's predefined macros for them: what
+-march=native resolves to on this CPU), so that another CPU sharing the folder, a new flag or an edited kernel
+builds its own library. A library whose instructions this CPU lacks (built elsewhere, or for another CPU by
+$LABKIT_CFLAGS) is refused before any of its vector code runs (int4_gemv_missing_isa).
+
+The compiler is $CC when set, else cc, gcc or clang on PATH. Flags are tried best first: -march=native (the
 CPU's own SIMD) with OpenMP, then without OpenMP (one thread), then plain -O3 (Apple clang without libomp
 stops at the second); $LABKIT_CFLAGS replaces them with one set of your own (try "-O3 -march=haswell
 -fopenmp" on an AVX-512 machine to see what its wider registers buy; add -DLANES=16 for AVX-512's layout on
-an AVX2 CPU). With no compiler, or when every build fails, available() says why and gemv and gemv_int8 raise
-a RuntimeError naming the reason: the other rungs do not need it (lab 08's compiler probe does the same for
-torch.compile). LABKIT_C=0 switches rungs 6 and 7 off. These settings are read when a weight is laid out
-(lay_out): the layout keeps the library it was laid out for, and its products run on that build whatever the
-settings say later (a product reads no environment variable: that cost 20 us of a 0.7 ms product).
+an AVX2 CPU). Rung 7 multiplies bytes with VNNI's vpdpbusd where the flags target it, else with AVX2's two
+instructions, else in plain C: available() names the path. With no compiler, or when every build fails,
+available() says why and gemv and gemv_int8 raise a RuntimeError naming the reason: the other rungs do not
+need it (lab 08's compiler probe does the same for torch.compile). LABKIT_C=0 switches rungs 6 and 7 off.
+These settings are read when a weight is laid out (lay_out): the layout keeps the library it was laid out for,
+and its products run on that build whatever the settings say later (a product reads no environment variable:
+that cost 20 us of a 0.7 ms product).
 """
 
 from __future__ import annotations
@@ -68,10 +74,27 @@ def _version(cc: str) -> str:
         return ""
 
 
+@functools.lru_cache(maxsize=None)
+def target(cc: str, flags: tuple[str, ...]) -> str:
+    """What `flags` make `cc` target here: its predefined macros (__AVX2__, __AVX512F__, __AVX512VNNI__, the
+    architecture, ...), which on another CPU differ for the same -march=native; "" when the compiler cannot say."""
+    try:
+        done = subprocess.run([cc, *flags, "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return "\n".join(sorted(done.stdout.splitlines())) if done.returncode == 0 else ""
+
+
+def _key(cc: str, flags: tuple[str, ...]) -> str:
+    """The cache name's hash: the source, the compiler, the flags and what they target on this CPU."""
+    what = repr((_version(cc), flags, platform.machine(), target(cc, flags)))
+    return hashlib.sha256(SOURCE.read_bytes() + what.encode()).hexdigest()[:16]
+
+
 def _build(cc: str, flags: tuple[str, ...]) -> tuple[Path | None, str]:
     """(library, "") built or found in a cache folder, or (None, the compiler's complaint)."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + repr((_version(cc), flags, platform.machine())).encode()).hexdigest()[:16]
+    key = _key(cc, flags)
     why = "no writable cache folder"
     for folder in _folders():
         lib = folder / f"int4_gemv-{key}.so"
@@ -127,15 +150,20 @@ def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctype
         except OSError as e:
             complaints.append(f"{' '.join(flags)}: built but would not load ({e})")
             continue
-        dll.int4_gemv_lanes.restype = dll.int4_gemv_int8_simd.restype = ctypes.c_int
+        dll.int4_gemv_missing_isa.restype = dll.int4_gemv_int8_path.restype = ctypes.c_char_p
+        missing = dll.int4_gemv_missing_isa().decode()
+        if missing:
+            complaints.append(f"{' '.join(flags)}: built for instructions this CPU lacks ({missing})")
+            continue
+        dll.int4_gemv_lanes.restype = ctypes.c_int
         dll.int4_gemv.restype = None
         dll.int4_gemv.argtypes = _GEMV_ARGS
         dll.int4_gemv_int8.restype = ctypes.c_int  # 0 (INT8_DONE) once y is written, else why not
         dll.int4_gemv_int8.argtypes = _INT8_ARGS
         openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
-        rung_7 = "AVX2 byte products" if dll.int4_gemv_int8_simd() else "plain C"
+        rung_7 = dll.int4_gemv_int8_path().decode()
         return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes, rung 7 in {rung_7}"
-    return None, f"{cc} could not build {SOURCE.name}: " + "; ".join(complaints)
+    return None, f"{cc}: no build of {SOURCE.name} runs here: " + "; ".join(complaints)
 
 
 def available() -> tuple[bool, str]:
@@ -206,6 +234,20 @@ def lay_out(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, lanes: int |
     [N, G]; rows past N (up to a whole block) get code -8 and scale 0. lanes=None: for this machine's build,
     which the layout keeps (its products need no look at the environment; RuntimeError when rungs 6-7 are not
     built here); a count: the layout alone."""
+    check_type("codes", codes, np.ndarray, "a numpy array of int8 codes [N, K]")
+    if codes.dtype != np.int8 or codes.ndim != 2 or codes.size == 0 or codes.shape[1] % 8:
+        fail("codes", (codes.dtype, codes.shape),
+             "int8 codes [N, K], N >= 1 and K a multiple of 8 (a word's 8 nibbles)")
+    if codes.min() < -8 or codes.max() > 7:  # a code outside 4 bits would spill into its neighbour's nibble
+        fail("codes", (int(codes.min()), int(codes.max())), "4-bit codes in -8..7")
+    for name, a in (("scale", scale), ("zero", zero)):
+        check_type(name, a, np.ndarray, "a float32 numpy array [N, G]")
+        if a.ndim != 2 or a.shape[0] != codes.shape[0] or a.shape[1] < 1 or codes.shape[1] % a.shape[1]:
+            fail(name, a.shape, f"[{codes.shape[0]}, G] with G groups dividing K = {codes.shape[1]}")
+    if zero.shape != scale.shape:
+        fail("zero", zero.shape, f"scale's shape {scale.shape}")
+    if lanes is not None and lanes not in (8, 16):
+        fail("lanes", lanes, "8 or 16 (the lane counts int4_gemv.c builds), or None for this machine's build")
     library = None if lanes is not None else _loaded()
     lanes = lanes if library is None else library.int4_gemv_lanes()
     n, k = codes.shape
@@ -220,6 +262,7 @@ def lay_out(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, lanes: int |
         padded[:n] = a
         return np.ascontiguousarray(padded.reshape(blocks, lanes, -1).transpose(0, 2, 1))
 
+    scale, zero = scale.astype(np.float32, copy=False), zero.astype(np.float32, copy=False)
     offset = scale * (np.float32(24) + zero)  # float32: 24 = 8 (the nibble's offset) + 16 (the bit trick's 1)
     return LaneLayout(np.ascontiguousarray(words.transpose(0, 2, 1)), by_block(scale), by_block(offset), library)
 

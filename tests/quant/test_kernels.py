@@ -159,3 +159,21 @@ def test_refusals():
     assert_refused(lambda: kk.threads(kj.max_threads() + 1), ValueError, "n", kj.max_threads() + 1, "an int in")
     assert_refused(lambda: kk.threads(1.0), TypeError, "n", 1.0, "an int")
     assert close(kk.fused(x, q), exact(x, q), 64)  # still usable after the refusals
+
+
+@pytest.mark.parametrize("name", ["4 blocked, threads (numba)", "6 C, compiler's SIMD, OpenMP"])
+def test_rungs_4_and_6_refuse_x_beyond_their_headroom(name):
+    # finite x whose exact product is a finite float32: the positive-shifted sums of rungs 4 (15 |scale| sum |x|)
+    # and 6 (32 |scale| sum |x|) overflow before the zero point comes off; refused by name, never inf or NaN
+    w = torch.ones(16, 64)
+    w[:, 1::2] = -1  # each row's +1s and -1s cancel: the exact product of an even x is 0
+    q = quantize(w, 4, "asym", 32)
+    if not runs(name, q):
+        pytest.skip(f"{name} does not run here: {kk.available(name)[1]}")
+    x = torch.full((1, 64), 1e37)
+    ref = exact(x, q)
+    assert torch.isfinite(ref).all() and torch.isfinite(kk.fused(x, q)).all()  # rung 3 handles it
+    with pytest.raises(ValueError, match=f"x must be inputs small enough for rung {name[0]}.*got 'max .x. 1e.37'"):
+        kk.RUNGS[name](x, q)
+    small = torch.randn(1, 64, generator=torch.Generator().manual_seed(1))
+    assert close(kk.RUNGS[name](small, q), exact(small, q), 64)  # still usable

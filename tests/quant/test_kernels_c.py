@@ -9,6 +9,7 @@ import copy
 import ctypes
 import pickle
 import platform
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from labkit.quant import kernels_c as kc
 from labkit.quant import kernels_speed as ks
 from labkit.quant.qtensor import quantize
 
+from .builds import X86, X86_BUILDS
 from .test_kernels import close, exact, int8_exact, layer
 
 needs_c = pytest.mark.skipif(not kc.available()[0], reason=f"rungs 6-7 are not built here: {kc.available()[1]}")
@@ -65,27 +67,64 @@ def test_the_library_is_cached_per_source_and_compiler():
     assert again == path  # found, not rebuilt
 
 
-@needs_c
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-march=haswell is an x86 flag")
-@pytest.mark.parametrize("lanes", [8, 16])
-def test_an_avx2_build_gives_the_same_product(monkeypatch, lanes):
-    # -DLANES=16: AVX-512's layout (two 8-row halves per vpmaddubsw step) built and run on any AVX2 CPU
-    q, x = layer(37, 448, 32, seed=7)  # 37 rows: a partial block of 8 and of 16 rows
-    native = kk.pack_weight(q)
-    y_native = kk.compiled_c(x, native)
-    monkeypatch.setenv("LABKIT_CFLAGS", f"-O3 -march=haswell -fopenmp -DLANES={lanes}")
+def _build_or_skip(monkeypatch, flags: str) -> str:
+    """Builds rungs 6-7 with `flags` ($LABKIT_CFLAGS) and returns available()'s line; skips, naming the
+    instructions, where this CPU lacks them (the build itself must succeed everywhere)."""
+    monkeypatch.setenv("LABKIT_CFLAGS", flags)
     ok, how = kc.available()
-    assert ok and how.endswith(f"{lanes} float lanes, rung 7 in AVX2 byte products"), how
-    avx2 = kk.pack_weight(q)
-    assert avx2.lanes.lanes == lanes
-    assert close(kk.compiled_c(x, avx2), exact(x, q), 448) and close(y_native, exact(x, q), 448)
-    assert close(kk.compiled_c_int8(x, avx2), int8_exact(x, q, 32), 448)
+    if not ok and "built for instructions this CPU lacks" in how:
+        pytest.skip(f"this CPU cannot run {flags}: it lacks {how.split('lacks (')[-1].rstrip(')')}")
+    assert ok, how
+    return how
+
+
+@needs_c
+@pytest.mark.skipif(not X86, reason="x86 flags")
+@pytest.mark.parametrize("name, flags, lanes, path", X86_BUILDS, ids=[b[0] for b in X86_BUILDS])
+def test_every_x86_build_gives_the_same_product(monkeypatch, name, flags, lanes, path):
+    q, x = layer(37, 448, 32, seed=7)  # 37 rows: a partial block of 8 and of 16 rows
     xx = torch.cat([x, -x])  # two rows
-    assert close(kk.compiled_c_int8(xx, avx2), int8_exact(xx, q, 32), 448)
-    # a weight keeps the build it was laid out for, whatever was built since; a layout alone (no build of its own)
-    # for other lanes than this build's is refused, never misread
-    assert close(kk.compiled_c(x, native), y_native, 448) and native.lanes.library is not avx2.lanes.library
+    native = kk.pack_weight(q)  # this run's own build (make test-builds runs this file under each build)
+    y_native, native_build = kk.compiled_c(x, native), native.lanes.library
+    how = _build_or_skip(monkeypatch, flags)
+    assert how.endswith(f"{lanes} float lanes, rung 7 in {path}"), how
+    w = kk.pack_weight(q)
+    assert w.lanes.lanes == lanes
+    assert close(kk.compiled_c(x, w), exact(x, q), 448) and close(y_native, exact(x, q), 448)
+    assert close(kk.compiled_c_int8(x, w), int8_exact(x, q, 32), 448)
+    assert close(kk.compiled_c_int8(xx, w), int8_exact(xx, q, 32), 448)
+    # a weight keeps the build it was laid out for, whatever was built since
+    assert close(kk.compiled_c(x, native), y_native, 448) and native.lanes.library is native_build
     assert close(kk.compiled_c_int8(x, native), int8_exact(x, q, 32), 448)
+
+
+@needs_c
+@pytest.mark.skipif(not X86, reason="x86 flags")
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_the_byte_product_paths_give_the_same_bits(monkeypatch, lanes):
+    # the same flags but for rung 7's instructions: the int32 sums are exact on every path, so y is equal to the bit
+    q, x = layer(37, 448, 32, seed=12)
+    x = torch.cat([x, -3 * x])
+    ys = {}
+    for flags in ("-O3 -march=haswell -fopenmp", "-O3 -march=haswell -fopenmp -DLABKIT_EMULATE_VNNI",
+                  "-O3 -march=haswell -fopenmp -mavxvnni"):
+        monkeypatch.setenv("LABKIT_CFLAGS", f"{flags} -DLANES={lanes}")
+        ok, how = kc.available()
+        if ok:
+            ys[how.split("rung 7 in ")[1]] = kk.compiled_c_int8(x, kk.pack_weight(q))
+        else:
+            assert how.endswith("this CPU lacks (avxvnni)" if "-mavxvnni" in flags else "this CPU lacks (avx2)"), how
+    if len(ys) < 2:
+        pytest.skip("this CPU runs fewer than two of rung 7's byte-product paths")
+    first = next(iter(ys.values()))
+    assert all(torch.equal(y, first) for y in ys.values()), list(ys)
+    assert close(first, int8_exact(x, q, 32), 448)
+
+
+@needs_c
+def test_a_layout_alone_for_other_lanes_is_refused(monkeypatch):
+    q, x = layer(37, 448, 32, seed=7)
+    lanes = kc.lanes()
     alone = kc.lay_out(q.codes.numpy(), q.scale.numpy(), q.zero.numpy(), 24 - lanes)  # 16 or 8: the other count
     y = np.empty((1, 37), np.float32)
     with pytest.raises(RuntimeError, match=f"laid out for {24 - lanes} lanes, rungs 6 and 7 are built here for "
@@ -96,14 +135,61 @@ def test_an_avx2_build_gives_the_same_product(monkeypatch, lanes):
 
 
 @needs_c
+def test_two_cpus_get_two_libraries(monkeypatch, tmp_path):
+    # the same source, compiler and flags (-march=native) on two CPUs: what the flags target differs, and so does
+    # the library's name in a folder both share
+    monkeypatch.setattr(kc, "_folders", lambda: [tmp_path])
+    cc, flags = kc.compiler(), ("-O3",)
+    libraries = []
+    for cpu in ("#define __AVX2__ 1", "#define __AVX2__ 1\n#define __AVX512F__ 1"):
+        monkeypatch.setattr(kc, "target", lambda cc, flags, cpu=cpu: cpu)
+        lib, why = kc._build(cc, flags)
+        assert why == "" and lib.is_file()
+        libraries.append(lib)
+    assert libraries[0] != libraries[1] and sorted(tmp_path.glob("*.so")) == sorted(libraries)
+
+
+@needs_c
+@pytest.mark.skipif(not (X86 and Path("/proc/cpuinfo").exists()), reason="x86 Linux: /proc/cpuinfo's flags")
+def test_what_native_targets_follows_this_cpu():
+    flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split()[2:])
+    native = kc.target(kc.compiler(), ("-O3", "-march=native"))
+    for macro, flag in (("__AVX2__", "avx2"), ("__AVX512F__", "avx512f"), ("__AVX512VNNI__", "avx512_vnni"),
+                        ("__AVXVNNI__", "avx_vnni")):
+        if "clang" in kc.compiler() and macro == "__AVXVNNI__":
+            continue
+        assert (f"#define {macro} 1" in native) == (flag in flags), (macro, flag)
+
+
+@needs_c
+@pytest.mark.skipif(not X86, reason="x86 flags")
+def test_a_library_for_instructions_this_cpu_lacks_is_refused(monkeypatch):
+    # built here for another CPU (as a library in a shared folder would be): refused before its vector code runs,
+    # and the other rungs go on
+    for name, flags, _, _ in X86_BUILDS[::-1]:  # the widest first
+        monkeypatch.setenv("LABKIT_CFLAGS", flags)
+        ok, how = kc.available()
+        if not ok:
+            break
+    else:
+        pytest.skip("this CPU runs every x86 build in the table")
+    assert f"{flags}: built for instructions this CPU lacks (" in how, how
+    q, x = layer(8, 64, 32)
+    assert kk.pack_weight(q).lanes is None
+    with pytest.raises(RuntimeError, match="lacks"):
+        kk.compiled_c_int8(x, q)
+    assert close(kk.blocked(x, q), exact(x, q), 64)
+
+
+@needs_c
 def test_the_plain_c_path_gives_the_same_int8_product(monkeypatch):
     # without -march=native (and with -mno-avx2 on x86, for compilers that default to AVX2) no SIMD macro is
-    # defined: rung 7 runs its plain-C loop instead of vpmaddubsw
+    # defined: rung 7 runs its plain-C loop on any CPU
     q, x = layer(37, 448, 64, seed=8)
     x = torch.cat([x, -x])  # two rows
     y_simd = kk.compiled_c_int8(x, q)
-    x86 = platform.machine() in ("x86_64", "AMD64")
-    monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -fopenmp" + (" -mno-avx2" if x86 else ""))
+    monkeypatch.setenv("LABKIT_CFLAGS", "-O3 -fopenmp" + (" -mno-avx2" if X86 else ""))
     ok, how = kc.available()
     assert ok and how.endswith("rung 7 in plain C"), how
     y_plain = kk.compiled_c_int8(x, kk.pack_weight(q))
@@ -126,6 +212,7 @@ def test_rung_7_at_the_int16_limit(sign):
 
 
 def test_no_compiler_gives_a_reason_and_a_clean_refusal(monkeypatch):
+    monkeypatch.delenv("LABKIT_C", raising=False)  # make test-builds runs this file with LABKIT_C=0 too
     monkeypatch.setenv("CC", "/nonexistent/cc")
     assert kc.compiler() is None
     ok, why = kc.available()
@@ -146,9 +233,10 @@ def test_a_compiler_that_fails_gives_its_complaint(monkeypatch, tmp_path):
     cc = tmp_path / "cc"
     cc.write_text("#!/bin/sh\necho 'cc: error: no such CPU' >&2\nexit 1\n")
     cc.chmod(0o755)
+    monkeypatch.delenv("LABKIT_C", raising=False)
     monkeypatch.setenv("CC", str(cc))
     ok, why = kc.available()
-    assert not ok and "could not build int4_gemv.c" in why and "no such CPU" in why
+    assert not ok and "no build of int4_gemv.c runs here" in why and "no such CPU" in why
 
 
 def test_switched_off(monkeypatch):
@@ -235,7 +323,8 @@ def test_gemv_refuses_shapes_that_do_not_fit_the_layout():
     x_np = x.numpy()
     sums = x_np.reshape(1, -1, 32).sum(-1, dtype=np.float32)
     y = np.empty((1, 20), np.float32)
-    with pytest.raises(ValueError, match=r"layout.words must be shape \(\d+, 12, \d+\)"):
+    with pytest.raises(ValueError, match=rf"layout.words must be shape \({-(-20 // w.lanes.lanes)}, 12, "
+                                         rf"{w.lanes.lanes}\)"):
         kc.gemv(np.zeros((1, 96), np.float32), np.zeros((1, 3), np.float32), w.lanes, 20, 1, y)  # K 96, laid out 64
     with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
         kc.gemv(x_np, sums, w.lanes, 20, 1, np.empty((1, 19), np.float32))
@@ -265,7 +354,9 @@ def test_gemv_int8_refuses_shapes_that_do_not_fit_the_layout():
         kc.gemv_int8(x_np, 64, 2, w.lanes, 20, 1, y)  # one block of 64 inputs
     with pytest.raises(ValueError, match="block must be 8, 16 or 32 inputs"):
         kc.gemv_int8(x_np, 32, 4, w.lanes, 20, 1, y)  # groups of 16 inputs: a block of 32 spans two
-    with pytest.raises(ValueError, match=r"layout.scale must be shape \(3, 4, \d+\)"):
+    blocks = -(-20 // w.lanes.lanes)  # 3 blocks of 8 rows, 2 of 16: whatever this machine built
+    with pytest.raises(ValueError, match=rf"layout.scale must be shape \({blocks}, 4, {w.lanes.lanes}\) for x "
+                                         rf"\(1, 64\), got \({blocks}, 2, {w.lanes.lanes}\)"):
         kc.gemv_int8(x_np, 16, 4, w.lanes, 20, 1, y)  # 4 groups, laid out with 2
     with pytest.raises(ValueError, match=r"y must be shape \(1, 20\)"):
         kc.gemv_int8(x_np, 32, 2, w.lanes, 20, 1, np.empty((1, 21), np.float32))
@@ -305,3 +396,32 @@ def test_rung_7_rounds_x_as_quantize_activations_does():
     y = kk.compiled_c_int8(x, q)
     assert torch.equal(y, kk.compiled_c_int8(x, q))  # deterministic
     assert close(y, int8_exact(x, q, 32), 256) and close(y, kk.integer_dot(x, q), 256)
+
+
+def test_lay_out_refuses_what_the_layout_cannot_hold():
+    rng = np.random.default_rng(4)
+    codes = rng.integers(-8, 8, size=(8, 64), dtype=np.int8)
+    scale = rng.random((8, 2), dtype=np.float32)
+    zero = np.zeros_like(scale)
+    bad = codes.copy()
+    bad[3, 5] = 8  # one past 4 bits: its nibble would carry into input 6's
+    with pytest.raises(ValueError, match=r"codes must be 4-bit codes in -8..7, got \(-8, 8\)"):
+        kc.lay_out(bad, scale, zero, 8)
+    bad[3, 5] = -9
+    with pytest.raises(ValueError, match=r"codes must be 4-bit codes in -8..7, got \(-9, 7\)"):
+        kc.lay_out(bad, scale, zero, 8)
+    with pytest.raises(ValueError, match="codes must be int8 codes .N, K., N >= 1 and K a multiple of 8"):
+        kc.lay_out(codes[:, :60], scale[:, :1], zero[:, :1], 8)
+    with pytest.raises(ValueError, match="codes must be int8 codes"):
+        kc.lay_out(codes.astype(np.int16), scale, zero, 8)
+    with pytest.raises(TypeError, match="codes must be a numpy array of int8 codes"):
+        kc.lay_out(torch.from_numpy(codes), scale, zero, 8)
+    for lanes in (0, 4, 32):
+        with pytest.raises(ValueError, match=f"lanes must be 8 or 16 .*got {lanes}"):
+            kc.lay_out(codes, scale, zero, lanes)
+    with pytest.raises(ValueError, match=r"scale must be \[8, G\] with G groups dividing K = 64, got \(8, 3\)"):
+        kc.lay_out(codes, rng.random((8, 3), dtype=np.float32), zero, 8)
+    with pytest.raises(ValueError, match=r"zero must be scale's shape \(8, 2\), got \(8, 1\)"):
+        kc.lay_out(codes, scale, zero[:, :1], 8)
+    out = kc.lay_out(codes, scale, zero, 8)  # the neighbours of the code that was refused keep their nibbles
+    assert all((int(out.words[0, 0, 3]) >> 4 * t) & 15 == codes[3, t] + 8 for t in range(8))
