@@ -110,6 +110,9 @@ def check_order(u: Usage, order) -> list[str]:
     """`order` as a list, refused by name unless it holds every node of `u` once, each after what it must
     follow."""
     _check_usage(u)
+    if isinstance(order, (list, tuple)):
+        for i, name in enumerate(order):
+            check_type(f"order[{i}]", name, str, "a node name (str)")
     if not isinstance(order, (list, tuple)) or sorted(order) != sorted(u.nodes):
         fail("order", f"{len(order) if isinstance(order, (list, tuple)) else order!r} names",
              f"every one of the graph's {len(u.nodes)} call_function nodes exactly once")

@@ -56,8 +56,11 @@ class FrozenBase(nn.Module):
         super().__init__()
         check_choice("dtype", dtype, BASE_DTYPES)
         check_type("weight", weight, torch.Tensor)
-        if weight.dim() != 2 or not weight.is_floating_point():
-            fail("weight", f"{weight.dtype} {tuple(weight.shape)}", "a 2-D float tensor [out, in]")
+        if weight.dim() != 2 or not weight.is_floating_point() or weight.numel() == 0:
+            fail("weight", f"{weight.dtype} {tuple(weight.shape)}", "a 2-D float tensor [out, in], out, in >= 1")
+        bad = int((~torch.isfinite(weight.detach())).sum())
+        if bad:
+            fail("weight", f"{bad} NaN or inf of {weight.numel()} values", "finite values")
         self.dtype, self.shape = dtype, tuple(weight.shape)
         w = weight.detach().float()
         if dtype == "fp32":
@@ -126,6 +129,10 @@ class LoRALinear(nn.Module):
         return (self.B.detach().double() @ self.A.detach().double()) * self.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_type("x", x, torch.Tensor)
+        if x.dtype != self.A.dtype or x.dim() < 1 or x.shape[-1] != self.A.shape[1]:
+            fail("x", f"{x.dtype} {tuple(x.shape)}", f"a {self.A.dtype} tensor [..., {self.A.shape[1]}] (the "
+                 f"adapted layer's input width)")
         y = self.base(x)
         if self.merged:
             return y
@@ -167,7 +174,11 @@ def lora_targets(model, targets=("attention", "mlp")) -> list[str]:
     paths = []
     for t in targets:
         if t in LAYER_TYPES:
-            paths += [e.path for e in table if e.layer_type == t]
+            found = [e.path for e in table if e.layer_type == t]
+            if not found:
+                fail("targets", t, "a layer type with a linear to adapt in this model (a tied lm_head is the "
+                     "embedding's matrix, not a linear of its own; the embedding takes no adapter)")
+            paths += found
         elif any(e.path == t for e in table):
             paths.append(t)
         else:

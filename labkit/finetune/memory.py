@@ -56,11 +56,17 @@ def training_memory(spec, method: str = "full", tokens: int = 4096, rank: int = 
                     checkpointing: bool = False) -> dict[str, float]:
     """Bytes to fine-tune `spec` (a ModelSpec or a name of labkit.specs) with `method` on a batch of `tokens`
     tokens (batch x sequence): weights, gradients, optimizer (master copy + Adam's m and v), activations (flash
-    attention; `checkpointing`: only each layer's input, plus one layer recomputed) and their total."""
+    attention; `checkpointing`: only each layer's input, plus one layer recomputed) and their total. `rank`
+    (lora, qlora) is at most the smallest side of every linear it adapts."""
     s = _spec(spec)
     check_choice("method", method, METHODS)
     check_positive_int("tokens", tokens)
     check_bool("checkpointing", checkpointing)
+    if method != "full":
+        check_positive_int("rank", rank)
+        for e in linear_layers(s):
+            if e.layer_type != "embedding" and not (e.path == "lm_head" and s.tied_embeddings) and rank > min(e.shape):
+                fail("rank", rank, f"at most {min(e.shape)} (the smallest side of {s.name}'s {e.path}, {e.shape})")
     n = s.n_params
     if method == "full":
         trained, weights = n, 2 * n

@@ -7,11 +7,16 @@ value plus one FP32 absmax per block of 256 values (8.125 bits):
     state [n]  ->  blocks of 256 |b0: 256 values|b1: 256 values| ...     absmax[b] = max |state in block b|
     code[i]    =   the index of the level of CODEBOOK nearest to state[i] / absmax[block of i]
 
-The levels are *dynamic*: dense near 0 and spread over seven decades, so a block holding both 0.3 and 3e-6
-keeps both (a linear 8-bit grid would flush the small one to 0; dividing by a v flushed to 0 blows an update
-up). Our map: each decade [10^-(k+1), 10^-k] gets its own evenly spaced levels, more for the upper decades
-(64, 32, 16, 8, 4, 2, 1 positive levels for m, which is signed; 128 ... 1 over eight decades for v, which is
-not), plus an exact 0. The update itself runs in FP32: dequantize, Adam step, quantize again.
+The levels are *dynamic*: dense near 0 and spread over several decades, so a block holding both 0.3 and 3e-6
+keeps both (a linear 8-bit grid would flush the small one to 0). Our map: each decade [10^-(k+1), 10^-k] gets
+its own evenly spaced levels, more for the upper decades. m, which is signed: 64, 32, 16, 8, 4, 2, 1 positive
+levels over seven decades, their negatives and an exact 0 (255 levels). v, which is not: 128, 64, ..., 1, 1 levels
+over nine decades and no 0 (256 levels, the smallest 1e-8 of the block's absmax), as Li et al. 2023 ("Memory
+Efficient Optimizers with 4-bit States", arXiv:2309.01507) exclude the zero point from the second moment's map:
+an element whose v rounds to 0 while its m does not would step by m / eps, thousands of times Adam's step. Here
+the smallest v an element can hold is 1e-8 of its block's largest, so its step stays within about
+sqrt(1e8) = 1e4 of the block's; in practice within a few times torch's (tests/finetune/test_optim8bit.py).
+The update itself runs in FP32: dequantize, Adam step, quantize again.
 """
 
 from __future__ import annotations
@@ -19,36 +24,58 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_choice, check_number, check_positive_int, check_type, fail
+from .._checks import check_bool, check_choice, check_number, check_positive_int, check_type, fail
 
 BLOCK = 256
 STATE_DTYPES = ("fp32", "int8")
 
 
 def dynamic_codebook(signed: bool) -> torch.Tensor:
-    """The sorted levels in [-1, 1] (signed: 255 levels, symmetric, 0 included) or [0, 1] (256 levels), float32."""
-    counts = (64, 32, 16, 8, 4, 2, 1) if signed else (128, 64, 32, 16, 8, 4, 2, 1)
+    """The increasing levels in [-1, 1] (signed: 255 levels, symmetric, 0 included) or in [1e-8, 1] (unsigned:
+    256 levels, no 0), float32."""
+    check_bool("signed", signed)
+    counts = (64, 32, 16, 8, 4, 2, 1) if signed else (128, 64, 32, 16, 8, 4, 2, 1, 1)
     pos = []
     for k, n in enumerate(counts):  # decade k: n levels evenly spaced in (10^-(k+1), 10^-k], its top included
         top, bottom = 10.0 ** -k, 10.0 ** -(k + 1)
         pos += [bottom + (top - bottom) * (j + 1) / n for j in range(n)]
     pos = sorted(pos)
-    levels = [-x for x in reversed(pos)] + [0.0] + pos if signed else [0.0] + pos
+    levels = [-x for x in reversed(pos)] + [0.0] + pos if signed else pos
     return torch.tensor(levels, dtype=torch.float64).float()
 
 
 CODEBOOKS = {True: dynamic_codebook(True), False: dynamic_codebook(False)}
 
 
+def _check_code(code) -> torch.Tensor:
+    check_type("code", code, torch.Tensor)
+    if code.dim() != 1 or not code.is_floating_point() or not 2 <= code.numel() <= 256:
+        fail("code", f"{code.dtype} {tuple(code.shape)}", "a 1-D float tensor of 2 to 256 levels")
+    outside = (~torch.isfinite(code) | (code.abs() > 1)).nonzero()
+    if outside.numel():
+        i = int(outside[0])
+        fail("code", f"level {i} = {float(code[i])}", "strictly increasing levels in [-1, 1]")
+    down = (code[1:] <= code[:-1]).nonzero()
+    if down.numel():
+        i = int(down[0])
+        fail("code", f"level {i + 1} = {float(code[i + 1])} after {float(code[i])}", "strictly increasing levels "
+             "in [-1, 1]")
+    return code.float()
+
+
 def quantize_blockwise(x: torch.Tensor, code: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (float, any shape, flattened) -> (codes uint8 [n]: the index of the nearest level of `code` to
-    x / absmax of its block, absmax float32 [ceil(n / block)]). `code`: sorted levels in [-1, 1]. Ties go to
-    the lower level. An all-zero block gets absmax 0 and the code of 0."""
+    """x (float, finite, any shape, flattened) -> (codes uint8 [n]: the index of the nearest level of `code` to
+    x / absmax of its block, absmax float32 [ceil(n / block)]). `code`: strictly increasing levels in [-1, 1].
+    Ties go to the lower level. An all-zero block gets absmax 0 (it dequantizes to 0 whatever its codes)."""
     check_type("x", x, torch.Tensor)
     if not x.is_floating_point():
         fail("x", x.dtype, "a float tensor")
+    code = _check_code(code)
     check_positive_int("block", block)
     x = x.detach().reshape(-1).float()
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
+        fail("x", f"{bad} NaN or inf of {x.numel()} values", "finite values")
     n = x.numel()
     pad = (-n) % block
     blocks = torch.cat([x, x.new_zeros(pad)]).view(-1, block)  # [n_blocks, block]
@@ -61,11 +88,23 @@ def quantize_blockwise(x: torch.Tensor, code: torch.Tensor, block: int = BLOCK) 
 
 def dequantize_blockwise(codes: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
                          block: int = BLOCK) -> torch.Tensor:
-    """(codes uint8 [n], absmax [n_blocks]) -> float32 [n]: code[codes] * absmax of each block."""
+    """(codes uint8 [n], absmax float [ceil(n / block)]) -> float32 [n]: code[codes] * absmax of each block."""
+    check_type("codes", codes, torch.Tensor)
+    if codes.dtype != torch.uint8:
+        fail("codes", codes.dtype, "a uint8 tensor", TypeError)
+    code = _check_code(code)
+    block = check_positive_int("block", block)
     n = codes.numel()
-    values = code[codes.long()]
+    check_type("absmax", absmax, torch.Tensor)
+    n_blocks = -(-n // block)
+    if absmax.dim() != 1 or absmax.numel() != n_blocks or not absmax.is_floating_point():
+        fail("absmax", f"{absmax.dtype} {tuple(absmax.shape)}", f"a 1-D float tensor of {n_blocks} values (one per "
+             f"block of {block} of the {n} codes)")
+    if n and int(codes.max()) >= code.numel():
+        fail("codes", int(codes.max()), f"indices of the {code.numel()} levels of code")
+    values = code[codes.reshape(-1).long()]
     pad = (-n) % block
-    values = torch.cat([values, values.new_zeros(pad)]).view(-1, block) * absmax[:, None]
+    values = torch.cat([values, values.new_zeros(pad)]).view(-1, block) * absmax.float()[:, None]
     return values.reshape(-1)[:n]
 
 
@@ -101,8 +140,25 @@ class AdamW8bit(torch.optim.Optimizer):
         else:
             state[name], state[name + "_absmax"] = quantize_blockwise(value, CODEBOOKS[signed], self.block)
 
+    def _check_gradients(self) -> None:
+        """Refuse a gradient holding NaN or inf by name before any state or parameter changes."""
+        for g, group in enumerate(self.param_groups):
+            for j, p in enumerate(group["params"]):
+                if p.grad is not None:
+                    bad = int((~torch.isfinite(p.grad)).sum())
+                    if bad:
+                        fail(f"param_groups[{g}]['params'][{j}].grad", f"{bad} NaN or inf of {p.grad.numel()} values",
+                             "finite (the states and parameters are left as they were)")
+
     @torch.no_grad()
     def step(self, closure=None):
+        """One AdamW step over every parameter with a gradient. `closure` (optional) re-evaluates the model and
+        returns the loss: it runs first, with gradients enabled, and its loss is returned (None without it)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_gradients()
         self.order = []
         index = 0
         for group in self.param_groups:
@@ -128,7 +184,7 @@ class AdamW8bit(torch.optim.Optimizer):
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 denom = (v / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
                 p.add_((m / (1 - beta1 ** t) / denom).view_as(p), alpha=-group["lr"])
-        return None
+        return loss
 
     def state_bytes(self) -> int:
         """Bytes of every state tensor (codes and absmaxes, or FP32 m and v)."""

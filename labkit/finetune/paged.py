@@ -13,7 +13,7 @@ pass faults them back in: the fault and migration counts per step are what a pag
 
 from __future__ import annotations
 
-from .._checks import check_positive_int, fail
+from .._checks import check_positive, check_positive_int, fail
 from ..unified_memory import UnifiedMemory
 
 
@@ -32,6 +32,7 @@ def replay_paged_states(param_numels: list[int], order: list[int], activation_by
         fail("order", order, f"a list of parameter indices in [0, {len(param_numels)})")
     check_positive_int("activation_bytes", activation_bytes)
     check_positive_int("steps", steps)
+    check_positive("state_bytes_per_value", state_bytes_per_value, "bytes")
     state_bytes = [max(1, int(n * state_bytes_per_value)) for n in param_numels]
     total = activation_bytes + 2 * sum(state_bytes)
     um = UnifiedMemory(device_bytes=device_bytes, host_bytes=2 * total + 2**22, page_size=page_size)

@@ -14,7 +14,7 @@ Units: bytes (GB = 1e9), bytes/s, FLOP/s, seconds (printed as ms where the claim
 
 from __future__ import annotations
 
-from .._checks import check_number, check_positive, check_positive_int
+from .._checks import check_number, check_positive, check_positive_int, fail
 from ..course import FactCheck
 from ..specs import device, model
 from .footprint import PRECISIONS, decode_bytes_per_step, footprint, params_read
@@ -132,7 +132,9 @@ def edge_realtime(limit_ms: float = 50.0, prompts: tuple = PROMPTS) -> FactCheck
     """"<50 ms real-time response" at the edge: per-token decode time and first-token time (prefill, no
     network) of LOCAL's models for each prompt length of `prompts`: for which of them either stays below."""
     limit = check_positive("limit_ms", limit_ms, unit="ms") / 1e3
-    prompts = tuple(check_positive_int("prompts", p, unit="tokens") for p in prompts)
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
+        fail("prompts", prompts, "a non-empty tuple of prompt lengths (tokens): a verdict needs at least one")
+    prompts = tuple(check_positive_int(f"prompts[{i}]", p, unit="tokens") for i, p in enumerate(prompts))
     rows = {(m, d, n): request_latency(m, p, d, n) for m, p, d in LOCAL for n in prompts}
     arithmetic = [f"{m} at Q4_0 on {d}: per token " + ", ".join(f"{1e3 * rows[m, d, n]['per_token']:.1f}"
                                                                  for n in prompts)
@@ -211,6 +213,8 @@ def latency_fifth(factor: float = 5.0, dram_latency: float = 100e-9, lines_in_fl
     factor = check_number("factor", factor, low=1, low_open=True, unit="times")
     dram = check_positive("dram_latency", dram_latency, unit="s")
     lines = check_positive_int("lines_in_flight", lines_in_flight, unit="cache lines")
+    fault_latency = check_positive("fault_latency", fault_latency, unit="s")
+    link_bandwidth = check_positive("link_bandwidth", link_bandwidth, unit="bytes/s")
     spec, box, desk = model("llama-2-70b"), device("m2-ultra"), device("ddr5-5600-2ch")
     step = decode_bytes_per_step(spec, Q4_0, 1, 4096) / box.bandwidth
     # each of ~n_layers x 10 dependent kernels waits one memory latency before bytes flow (an upper estimate)

@@ -86,6 +86,11 @@ def hierarchical_all_reduce_gloo(t: torch.Tensor, per_node: int) -> torch.Tensor
     """Sum `t` over every rank of the current group, in place, in three collectives on subgroups:
     reduce_scatter_single inside the node, all_reduce across nodes, all_gather_single inside the node
     (t is padded to a multiple of per_node elements on the way). Returns t."""
+    check_type("t", t, torch.Tensor, "a torch.Tensor (this rank's own, summed in place)")
+    if not t.is_contiguous():
+        fail("t", f"a non-contiguous tensor of shape {tuple(t.shape)} and strides {t.stride()}",
+             "a contiguous tensor (summed in place through a flat view: .contiguous() first)")
+    check_positive_int("per_node", per_node)
     intra, inter = node_groups(per_node)
     flat = t.view(-1)
     chunk = -(-flat.numel() // per_node)  # ceil

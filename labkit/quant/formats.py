@@ -41,15 +41,17 @@ def bits_per_weight(fmt: str) -> float:
 
 
 def float32_blocks(x, block: int = BLOCK) -> tuple[np.ndarray, tuple[int, ...]]:
-    """x (float32, finite, last dimension a multiple of `block`) as rows of `block` values, and its shape.
+    """x (float32, finite, not empty, last dimension a multiple of `block`) as rows of `block` values, and its shape.
     The input check of every block format here and in nf4.py."""
     check_type("x", x, np.ndarray, "a float32 numpy array")
     if x.dtype != np.float32:
         fail("x", x.dtype, "a float32 numpy array", TypeError)
-    if x.ndim < 1 or x.shape[-1] == 0 or x.shape[-1] % block:
-        raise ValueError(f"x's last dimension must be a positive multiple of {block}, got shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("x must be finite (no NaN or inf)")
+    if x.ndim < 1 or x.size == 0 or x.shape[-1] % block:
+        fail("x", x.shape, f"a non-empty float32 array whose last dimension is a positive multiple of {block} (its "
+             "shape)")
+    bad = int((~np.isfinite(x)).sum())
+    if bad:
+        fail("x", f"{bad} NaN or inf of {x.size} values", "finite (no NaN or inf)")
     return x.reshape(-1, block), x.shape
 
 

@@ -156,7 +156,8 @@ def write_gguf(model, path, qtype: str) -> Path:
     """Write `model` (a float TinyLM with the byte tokenizer) to `path` as a llama-architecture GGUF file whose
     matrices are stored as `qtype` ("F32", "Q8_0" or "Q4_0"; norms stay F32), and return the path. The file is
     written under a temporary name in the same folder and renamed when complete: a failure leaves no file
-    and an existing file at `path` untouched."""
+    and an existing file at `path` untouched; an OSError names `path`. The file's mode follows the umask
+    (0o644 under 0o022), as open() would give it."""
     plan = tensor_plan(model, qtype)
     path = Path(check_type("path", path, (str, os.PathLike), "a file path (str or pathlib.Path)"))
     if not path.parent.is_dir():
@@ -167,19 +168,32 @@ def write_gguf(model, path, qtype: str) -> Path:
     shapes = [tuple(state[name].shape) for _, name, _ in plan]
     sizes = [_nbytes(shape, q) for shape, (_, _, q) in zip(shapes, plan)]
     header = _header(metadata(model.cfg, qtype), plan, shapes, sizes)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:  # a short temporary name: a path whose own name is at the file system's limit still fits
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gguf-", suffix=".tmp")
+    except OSError as e:
+        fail("path", str(path), f"a file in a folder this process can write ({e.strerror})", type(e))
     try:
         with os.fdopen(fd, "wb") as f:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would outlive the rename: the user's umask decides
             f.write(header)
             for (gguf_name, name, q), size in zip(plan, sizes):
                 data = _tensor_bytes(state[name], gguf_name, name, q, model.cfg)
                 assert len(data) == size, (gguf_name, len(data), size)
                 f.write(data + bytes(_pad(size)))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         os.unlink(tmp)
+        if isinstance(e, OSError):
+            fail("path", str(path), f"a file this process can write ({e.strerror})", type(e))
         raise
     return path
+
+
+def _umask() -> int:
+    """The process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _check_model(model: nn.Module):

@@ -31,6 +31,8 @@ from .jit import jit
 from .faultlog import HITS_BEFORE, OPENS, PAGES_IN, PAGES_OUT, FaultLog
 
 ROUTES = ("single", "static", "balanced")
+MAX_WINDOWS = 1_000_000
+"""The most monitor windows `simulate` keeps (its bound on the run's time over window_s): 8 MB of counters per link."""
 
 
 @jit(inline=True)
@@ -187,7 +189,8 @@ def _links(links) -> tuple:
 
 
 def simulate(log: FaultLog, links, route: str = "balanced", shares=None, window_s: float = 0.05) -> dict:
-    """Replay `log` over `links` with a route of ROUTES. Returns {"time_s", "transfer_s" (time spent moving
+    """Replay `log` over `links` with a route of ROUTES; `window_s` is refused when the replay's bound on its
+    time spans more than MAX_WINDOWS windows. Returns {"time_s", "transfer_s" (time spent moving
     pages), "latency_s", "bytes" (per link), "utilization" (float [links, windows]: each link's bytes, its
     other traffic's included, over bandwidth x window_s), "window_s", "link_busy" (per link: migration bytes
     / bandwidth / time_s), "shares" (the fraction of pages each link carried)}."""
@@ -210,7 +213,11 @@ def simulate(log: FaultLog, links, route: str = "balanced", shares=None, window_
     spare = min(b * (1 - busy) for b, busy, *_ in params[:1 if route == "single" else len(links)])
     bound = (int(rows[:, HITS_BEFORE].sum()) + log.trailing_hits) * log.hit_s \
         + int(rows[:, OPENS].sum()) * log.fault_latency + pages * log.page_size / spare  # no run takes longer
-    own = np.zeros((len(links), int(math.ceil(bound * (1 + 1e-9) / window)) + 2))
+    n_own = math.ceil(bound * (1 + 1e-9) / window) + 2
+    if n_own > MAX_WINDOWS:
+        fail("window_s", window_s, f"at least {bound * (1 + 1e-9) / (MAX_WINDOWS - 2):.3g} s for this log: at most "
+             f"{MAX_WINDOWS:,} windows of the monitor over the {bound:.3g} s the replay can take")
+    own = np.zeros((len(links), n_own))
     moved, counts, weights = np.zeros(len(links)), np.zeros(len(links), np.int64), np.zeros(len(links))
     t, transfer, latency = _run(rows, log.trailing_hits, log.hit_s, log.fault_latency, log.page_size, params,
                                 ROUTES.index(route), np.ascontiguousarray(fixed), window, own, moved, counts, weights)

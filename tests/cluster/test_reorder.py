@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from labkit.cluster.buffers import liveness, peak_live
+from labkit.cluster.buffers import Buffer, liveness, peak_live
 from labkit.cluster.graph import capture_decode, op_kind as graph_kind
 from labkit.cluster import reorder
 from labkit.cluster.reorder import Usage, check_order, memory_aware_order, peak_floor, peak_of, reordered, usage
@@ -186,3 +186,42 @@ def test_refusals(decode):
     assert_refused(lambda: check_order(u, list(reversed(u.nodes))), ValueError, "order",
                    "add_tensor before sum_dim_int_list", "a topological order: add_tensor reads or must follow")
     assert isinstance(u, Usage) and peak_of(u, list(u.nodes)) > 0  # still usable after the errors
+
+
+def test_check_order_names_an_entry_that_is_not_a_node_name():
+    gm, inputs = two_chains()
+    u = usage(gm, inputs)
+    names = list(u.nodes)
+    assert_refused(lambda: check_order(u, [1] + names[1:]), TypeError, "order[0]", 1, "a node name (str)")
+    assert_refused(lambda: check_order(u, names[:2] + [None] + names[3:]), TypeError, "order[2]", None, "str")
+    assert check_order(u, tuple(names)) == names
+
+
+def hand_usage(nodes, creates, reads, after, to_output=()) -> Usage:
+    """A Usage written by hand: what each node creates (name -> bytes), reads and must follow."""
+    return Usage(tuple(nodes), {n: dict(creates.get(n, {})) for n in nodes},
+                 {n: frozenset(reads.get(n, ())) for n in nodes}, {n: frozenset(after.get(n, ())) for n in nodes},
+                 frozenset(to_output))
+
+
+def test_the_greedy_rule_counts_the_bytes_a_node_frees():
+    """After p, q (creates 100, frees p's 1000: net -900) beats r (creates 50, frees nothing: net 50): p q r s,
+    peak 1100, the brute-force optimum; counting only created bytes would run r first (p r q s, peak 1150)."""
+    u = hand_usage("prqs", {"p": {"P": 1000}, "r": {"R": 50}, "q": {"Q": 100}, "s": {"S": 1}},
+                   {"q": {"P"}, "s": {"Q", "R"}}, {"r": {"p"}, "q": {"p"}, "s": {"q", "r"}}, {"S"})
+    assert memory_aware_order(u) == ["p", "q", "r", "s"]
+    assert peak_of(u, ["p", "q", "r", "s"]) == 1100 == min(peak_of(u, o) for o in reorder.topological_orders(u))
+    assert peak_of(u, ["p", "r", "q", "s"]) == 1150
+
+
+def test_returned_buffers_live_to_the_output_and_the_floor_counts_them():
+    """A (returned, created first) is alive at c whatever the order: the floor is A + B + C; the buffers of an
+    order end one step past the last node for what the graph returns, at the last reader otherwise."""
+    u = hand_usage("abc", {"a": {"A": 100}, "b": {"B": 10}, "c": {"C": 1}}, {"b": {"A"}, "c": {"B"}},
+                   {"b": {"a"}, "c": {"b"}}, {"A", "C"})
+    assert reorder.buffers_of(u, ["a", "b", "c"]) == [Buffer("A", 100, 0, 3), Buffer("B", 10, 1, 2),
+                                                      Buffer("C", 1, 2, 3)]
+    assert peak_floor(u) == 111 == peak_of(u, ["a", "b", "c"])  # at c: A, B (read there) and C
+    alone = hand_usage("ab", {"a": {"A": 100}, "b": {"B": 10}}, {}, {"b": {"a"}}, {"A", "B"})
+    assert reorder.buffers_of(alone, ["a", "b"]) == [Buffer("A", 100, 0, 2), Buffer("B", 10, 1, 2)]
+    assert peak_floor(alone) == 110 == peak_of(alone, ["a", "b"])  # A is read by nobody, but returned

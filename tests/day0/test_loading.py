@@ -284,3 +284,19 @@ def test_rank_models_over_gloo_give_the_full_model_s_logits(model, folder, pool2
     runs = pool2.run(rank_logits, str(folder), tokens, "int4", timeout=60)
     assert all((r - ref4).abs().max() < 1e-4 for r in runs)
     assert (ref4 - ref).abs().max() > 1e-4  # the quantization did change the model
+
+
+def test_a_release_with_its_own_rope_theta_loads_with_it(tmp_path):
+    """rope_theta 500000 (Llama 3's) in config.json: the whole model and a TP=1 rank model give the written
+    model's logits; the same weights under the default 10000 do not (positions past the first few rotate apart)."""
+    torch.manual_seed(1)
+    model = TinyVLM(small_config(rope_theta=500000.0)).eval()
+    rel.write_release(model.state_dict(), model.config, tmp_path, "20KB")
+    tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+    default = TinyVLM(small_config()).eval()
+    default.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        ref = model.language_model(tokens)
+        assert (default.language_model(tokens) - ref).abs().max() > 1e-2
+        assert (loading.load_model(tmp_path).language_model(tokens) - ref).abs().max() < 1e-5
+        assert (loading.build_rank_model(tmp_path, 0, 1)(tokens) - ref).abs().max() < 1e-5

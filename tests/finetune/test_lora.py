@@ -2,6 +2,8 @@
 adapter's gradients equal those of the full model restricted to the low-rank directions (autograd on a dense
 re-parametrization), the 4-bit bases equal lab 03's dequantization, and bad input is refused."""
 import copy
+import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -111,3 +113,47 @@ def test_bad_input_is_refused_and_the_model_is_untouched():
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert all(p.requires_grad for p in model.parameters())
     np.testing.assert_equal(lora.trainable_params(lora.add_lora(model, rank=1, targets=("attention",))) > 0, True)
+
+
+def test_a_layer_type_that_matches_no_linear_is_refused_and_the_model_is_untouched():
+    """A tied model's lm_head is the embedding's matrix: targets=("head",) names nothing to adapt."""
+    torch.manual_seed(0)
+    tied = TinyLM(dataclasses.replace(CFG, tie_embeddings=True))
+    assert_refused(lambda: lora.add_lora(tied, targets=("head",)), ValueError, "targets", "head", "a layer type with a")
+    assert_refused(lambda: lora.add_lora(tied, targets=("mlp", "head")), ValueError, "targets", "head", "linear")
+    assert all(p.requires_grad for p in tied.parameters()) and not lora.lora_layers(tied)
+    untied = TinyLM(dataclasses.replace(CFG, tie_embeddings=False))
+    assert list(lora.lora_layers(lora.add_lora(untied, targets=("head",)))) == ["lm_head"]
+
+
+def test_a_is_initialised_as_peft_does_and_each_adapter_draws_its_own():
+    """A ~ U(-b, b) with b = 1 / sqrt(in): kaiming_uniform_(a=sqrt(5)), nn.Linear's and PEFT's lora_A init; each
+    adapter from its own seed (seed + its index), so no two adapters of one shape start equal."""
+    model = lora.add_lora(_model(), rank=8, alpha=16.0, seed=5)
+    layers = lora.lora_layers(model)
+    for m in layers.values():
+        in_f = m.A.shape[1]
+        bound = torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5)) * math.sqrt(3 / in_f)
+        a = m.A.detach()
+        assert a.abs().max() <= bound * (1 + 1e-6) and a.abs().max() >= 0.9 * bound  # 8 x in draws reach the edge
+        assert a.std() == pytest.approx(bound / math.sqrt(3), rel=0.2) and torch.equal(m.B, torch.zeros_like(m.B))
+    a_s = [m.A.detach() for m in layers.values()]
+    assert all(not torch.equal(a, b) for i, a in enumerate(a_s) for b in a_s[i + 1:] if a.shape == b.shape)
+    again = lora.lora_layers(lora.add_lora(_model(), rank=8, alpha=16.0, seed=5))
+    assert all(torch.equal(m.A, again[p].A) for p, m in layers.items())  # the seed fixes them
+    other = lora.lora_layers(lora.add_lora(_model(), rank=8, alpha=16.0, seed=6))
+    assert all(not torch.equal(m.A, other[p].A) for p, m in layers.items())
+
+
+def test_lora_linear_refuses_the_wrong_width_or_dtype_and_frozen_base_names_its_weight():
+    m = lora.LoRALinear(nn.Linear(32, 16, bias=False), 4, 8.0)
+    assert_refused(lambda: m(torch.randn(3, 31)), ValueError, "x", "torch.float32 (3, 31)", "[..., 32]")
+    assert_refused(lambda: m(torch.randn(3, 32, dtype=torch.float64)), ValueError, "x", "torch.float64 (3, 32)",
+                   "torch.float32 tensor")
+    assert_refused(lambda: m([1.0] * 4), TypeError, "x", [1.0] * 4, "Tensor")
+    w = torch.randn(16, 128)
+    w[3, 5] = float("nan")
+    for dtype in lora.BASE_DTYPES:
+        assert_refused(lambda: lora.FrozenBase(w, dtype), ValueError, "weight", "1 NaN or inf of 2048 values", "finite")
+    assert_refused(lambda: lora.FrozenBase(torch.zeros(0, 128), "nf4"), ValueError, "weight", "torch.float32 (0, 128)",
+                   "out, in >= 1")

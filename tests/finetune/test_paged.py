@@ -12,3 +12,11 @@ def test_paged_states_fault_back_each_step_only_when_the_device_is_too_small():
     pages = 16 + 2 * sum(n * 4 // 4096 for n in numels)  # activations + m and v, in 4 KiB pages
     assert all(r["migrations"] == pages for r in small[1:])  # LRU over a cyclic scan: every page faults each step
     assert_refused(lambda: paged.replay_paged_states(numels, [3], 4096, 2**20), ValueError, "order", [3], "indices")
+
+
+def test_state_bytes_per_value_must_be_a_positive_number():
+    for bad in (-4.0, 0.0, float("nan"), float("inf")):
+        assert_refused(lambda: paged.replay_paged_states([4096], [0], 4096, 2**20, state_bytes_per_value=bad),
+                       ValueError, "state_bytes_per_value", bad, "positive")
+    assert_refused(lambda: paged.replay_paged_states([4096], [0], 4096, 2**20, state_bytes_per_value="4"),
+                   TypeError, "state_bytes_per_value", "4", "number")

@@ -77,3 +77,66 @@ def test_the_fault_model_is_lab_02s_simulator():
     assert check.numbers["fault_gain"][4096] == pytest.approx(t4k[0] / t4k[1]) and check.numbers["decode_gain"] < 1.01
     assert check.numbers["core"][20e-9] == pytest.approx(16 * 64 / 20e-9)
     assert_refused(lambda: lc.latency_fifth(factor=1), ValueError, "factor", 1, "")
+
+
+def _met_and_missed(judgement: str) -> tuple[list[str], list[str]]:
+    """The models a latency verdict says meet the local figure and those it says miss it."""
+    met = judgement.split("met locally by ", 1)[1].split(";")[0].split(" and missed by ")[0]
+    missed = judgement.split(" and missed by ", 1)[1].split(";")[0] if " and missed by " in judgement else ""
+    names = lambda part: [w.split(" (")[0] for w in part.split(", ") if w and w != "none of these"]
+    return names(met), names(missed)
+
+
+@pytest.mark.parametrize("local_ms", [1.0, 4.0, 15.0, 48.0, 60.0])
+def test_each_local_model_is_met_or_missed_never_both_by_its_time_in_ms(local_ms):
+    check = lc.latency_local_cloud(local_ms=local_ms)
+    met, missed = _met_and_missed(check.judgement)
+    ms = {m: 1e3 * r["per_token"] for (m, _), r in check.numbers["local"].items()}
+    assert sorted(met) == sorted(m for m, t in ms.items() if t <= local_ms)
+    assert sorted(missed) == sorted(m for m, t in ms.items() if t > local_ms)
+    for m in missed:  # the miss prints the model's own time in ms
+        assert f"{m} ({ms[m]:.0f} ms)" in check.judgement
+    assert check.numbers["rtt_needed"] == pytest.approx(0.2 - max(r["prefill"] for r in check.numbers["cloud"].values()))
+
+
+@pytest.mark.parametrize("limit_ms", [5.0, 30.0, 50.0, 200.0, 3000.0])
+def test_edge_verdicts_follow_each_models_numbers_in_ms(limit_ms):
+    edge = lc.edge_realtime(limit_ms=limit_ms)
+    rows = edge.numbers["rows"]
+    for m, _, d in lc.LOCAL:
+        every = all(rows[m, d, n]["per_token"] < limit_ms / 1e3 for n in lc.PROMPTS)
+        first = max([n for n in lc.PROMPTS if rows[m, d, n]["first_token"] < limit_ms / 1e3], default=0)
+        assert edge.numbers["token_ok"][m, d] == every and edge.numbers["first_ok"][m, d] == first
+        part = edge.judgement.split(f"{m} on {d}: ", 1)[1].split(";")[0].rstrip(".")
+        assert part.startswith("every token" if every else "not every token")
+        assert part.endswith(f"first token up to {first:,}-token prompts" if first else "no first token")
+    assert f"under {limit_ms:.0f} ms" in edge.judgement
+
+
+def test_the_figures_print_in_gb_and_ms_as_the_claims_use_them():
+    """GB = 1e9 bytes (not GiB), times in ms where the claims use ms."""
+    tri = lc.trillion_consumer()
+    assert "1T dense at Q4_0 (4.5 bits): 562 GB to hold, 562.5 GB read per token, 5,625 GB/s for 10 tokens/s" \
+        in tri.arithmetic
+    assert any(line.startswith("m3-ultra (512 GB, 819 GB/s) lacks") for line in tri.arithmetic)
+    speed = lc.cpu_only_speedup()
+    assert "15x needs a CPU-only box reading 80 GB/s beside 1.2 TB/s" in speed.arithmetic[0]
+    assert speed.arithmetic[1].startswith("ddr5-5600-2ch: 89.6 GB/s -> 13.4x")
+    m, d = specs.model("llama-3-8b"), specs.device("rtx-4090")
+    per_token = decode_bytes_per_step(m, lc.Q4_0, 1, 512) / d.bandwidth
+    local = lc.latency_local_cloud()
+    assert local.arithmetic[0].startswith(f"local llama-3-8b at Q4_0 on rtx-4090: {1e3 * per_token:.1f} ms per token")
+    fifth = lc.latency_fifth()
+    assert "800 dependent latencies of 100 ns add 0.080 ms" in fifth.arithmetic[0]
+    assert "a 138 GB sweep in 4 KiB faults" in fifth.arithmetic[2]
+
+
+def test_a_verdict_needs_prompts_and_latency_fifth_names_its_own_arguments():
+    for bad in ((), []):
+        assert_refused(lambda: lc.edge_realtime(prompts=bad), ValueError, "prompts", bad, "non-empty")
+    assert_refused(lambda: lc.edge_realtime(prompts="128"), ValueError, "prompts", "128", "non-empty tuple")
+    assert_refused(lambda: lc.edge_realtime(prompts=(128, 0)), ValueError, "prompts[1]", 0, "positive")
+    assert_refused(lambda: lc.latency_fifth(fault_latency=-1e-6), ValueError, "fault_latency", -1e-6, "positive")
+    assert_refused(lambda: lc.latency_fifth(fault_latency=0), ValueError, "fault_latency", 0, "positive")
+    assert_refused(lambda: lc.latency_fifth(link_bandwidth=0), ValueError, "link_bandwidth", 0, "positive")
+    assert_refused(lambda: lc.latency_fifth(link_bandwidth="25e9"), TypeError, "link_bandwidth", "25e9", "number")

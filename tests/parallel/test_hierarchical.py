@@ -73,3 +73,14 @@ def test_tp_placement_in_one_node_is_the_planners_line():
     rejected = next(p for p in planner.plan("moe-3t", cluster, work) if not p.fits)
     assert_refused(lambda: h.tp_placement(model("moe-3t"), rejected, cluster, work), ValueError, "chosen",
                    str(rejected), "a layout that fits")
+
+
+def test_the_real_all_reduce_refuses_a_list_or_a_non_contiguous_tensor_before_any_collective():
+    """Checked before the process group is asked for anything (none exists here)."""
+    t = torch.arange(12.0).reshape(3, 4).T  # a view with strides (1, 4)
+    assert_refused(lambda: h.hierarchical_all_reduce_gloo(t, 2), ValueError, "t",
+                   "a non-contiguous tensor of shape (4, 3) and strides (1, 4)", "a contiguous tensor")
+    assert_refused(lambda: h.hierarchical_all_reduce_gloo([1.0, 2.0], 2), TypeError, "t", [1.0, 2.0], "a torch.Tensor")
+    assert_refused(lambda: h.hierarchical_all_reduce_gloo(torch.ones(4), 0), ValueError, "per_node", 0, "positive")
+    xs = [torch.arange(12.0).reshape(3, 4).T * (r + 1) for r in range(4)]  # the simulated ranks take any layout
+    assert all(torch.equal(o, torch.arange(12.0).reshape(3, 4).T * 10) for o in h.hierarchical_all_reduce(xs, 2))

@@ -3,7 +3,12 @@ every tensor's name, type, shape and bytes (against labkit's block formats, and 
 the model's weights), the metadata against the config, the Q/K row permutation against RoPE computed both
 ways, a llama forward pass written here from the file against TinyLM's logits, the byte-level vocabulary, and
 the refusals."""
+import errno
+import io
 import math
+import os
+import stat
+import tempfile
 
 import numpy as np
 import pytest
@@ -111,6 +116,8 @@ def test_metadata_is_the_models_config(files, model, untied, which):
         value = {k: f.contents() for k, f in fields.items()}
         assert value["general.architecture"] == "llama" and value["general.file_type"] == file_type
         assert value["GGUF.version"] == 3
+        assert value["general.quantization_version"] == 2  # ggml's GGML_QNT_VERSION: llama.cpp reads Q4_0/Q8_0 by it
+        assert fields["general.quantization_version"].types == [gguf.GGUFValueType.UINT32]
         assert (value["llama.context_length"], value["llama.embedding_length"], value["llama.block_count"],
                 value["llama.feed_forward_length"], value["llama.attention.head_count"],
                 value["llama.attention.head_count_kv"], value["llama.rope.dimension_count"],
@@ -273,3 +280,41 @@ def test_a_failed_write_leaves_no_file_and_keeps_the_old_one(model, tmp_path):
         write_gguf(broken, old, "Q4_0")
     assert old.read_bytes() == b"the previous export"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.gguf"]  # no new.gguf, no temporary file
+
+
+def test_the_file_follows_the_umask_and_a_name_at_the_limit_fits(model, tmp_path):
+    """open() would give 0o666 & ~umask; a name of 255 characters (the usual limit) still writes (the temporary
+    name does not grow with it)."""
+    old = os.umask(0o022)
+    try:
+        for mask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
+            os.umask(mask)
+            path = write_gguf(model, tmp_path / f"m{mask:o}.gguf", "F32")
+            assert stat.S_IMODE(path.stat().st_mode) == mode
+    finally:
+        os.umask(old)
+    long = tmp_path / ("m" * 250 + ".gguf")
+    assert write_gguf(model, long, "F32") == long and long.stat().st_size > 0
+
+
+def test_an_os_error_names_the_path_given_not_the_temporary_file(model, tmp_path, monkeypatch):
+    path = tmp_path / "m.gguf"
+
+    def refused(*args, **kw):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".gguf-abc123.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    assert_refused(lambda: write_gguf(model, path, "F32"), PermissionError, "path", str(path),
+                   "a file in a folder this process can write (Permission denied)")
+    monkeypatch.undo()
+
+    def full(fd, *args, **kw):  # a disk that fills up mid-file
+        class Full(io.BufferedWriter):
+            def write(self, data):
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return Full(io.FileIO(fd, "wb"))
+
+    monkeypatch.setattr(os, "fdopen", full)
+    assert_refused(lambda: write_gguf(model, path, "F32"), OSError, "path", str(path), "No space left on device")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []  # no file, no temporary file

@@ -35,8 +35,12 @@ def test_nf4_picks_the_nearest_level(values):
 
 
 def test_nf4_bad_input():
-    with pytest.raises(ValueError, match="multiple of 64, got shape"):
-        nf4.quantize_nf4(np.zeros(32, np.float32))
+    assert_refused(lambda: nf4.quantize_nf4(np.zeros(32, np.float32)), ValueError, "x", (32,), "multiple of 64")
+    for empty in (np.zeros(0, np.float32), np.zeros((3, 0), np.float32), np.zeros((0, 64), np.float32)):
+        assert_refused(lambda: nf4.quantize_nf4(empty), ValueError, "x", empty.shape, "a non-empty float32 array")
+    x = np.ones(64, np.float32)
+    x[[3, 9]] = [np.nan, np.inf]
+    assert_refused(lambda: nf4.quantize_nf4(x), ValueError, "x", "2 NaN or inf of 64 values", "finite")
     with pytest.raises(TypeError, match="float32"):
         nf4.quantize_nf4(np.zeros(64))
     with pytest.raises(ValueError, match="block must be a positive int"):

@@ -162,6 +162,10 @@ def test_bad_input_is_refused_by_name():
     bad[0, :2] = torch.tensor([2, 1], dtype=torch.uint8)
     assert_refused(lambda: sparse.Sparse24(s.values, bad, (2, 8)), ValueError, "indices", [2, 1],
                    "each pair strictly increasing")
+    for pair in ([1, 1], [3, 3], [0, 4]):  # one position kept twice (the other 3 of 4 lost), or past the group
+        bad[0, :2] = torch.tensor(pair, dtype=torch.uint8)
+        assert_refused(lambda: sparse.Sparse24(s.values, bad, (2, 8)), ValueError, "indices", pair,
+                       "pairs of positions in 0..3, each pair strictly increasing")
     assert_refused(lambda: sparse.Sparse24(s.values, s.indices, (2, 6)), ValueError, "shape", (2, 6),
                    "in a multiple of 4")
     assert_refused(lambda: sparse.Sparse24(s.values, s.indices.long(), (2, 8)), TypeError, "indices", torch.int64,

@@ -133,3 +133,23 @@ def test_shortest_job_preempts_the_longest_remaining_job_first(small):
 
 def test_an_unknown_order_is_refused():
     assert_refused(lambda: EngineConfig(order="longest_first"), ValueError, "order", "longest_first", "one of")
+
+
+def test_shortest_job_ranks_by_the_tokens_a_request_still_has_to_produce():
+    """A request of max_tokens 16 that has produced 14 (2 to go) ranks before a fresh one of max_tokens 5; by
+    max_tokens alone it would rank after. shortest_prompt ranks by the prompt, fcfs by nothing."""
+    from labkit.kv_cache import BlockManager
+    from labkit.serving import SamplingParams
+    from labkit.serving.scheduler import Scheduler
+    from labkit.serving.sequence import Sequence
+
+    nearly_done = Sequence("nearly", [1] * 9, SamplingParams(max_tokens=16), arrival=1.0)
+    nearly_done.output = [7] * 14
+    fresh = Sequence("fresh", [1] * 3, SamplingParams(max_tokens=5), arrival=0.0)
+    keys = {}
+    for order in QUEUE_ORDERS:
+        sched = Scheduler(BlockManager(16, 4), EngineConfig(order=order, max_num_batched_tokens=64))
+        assert [sched.length(s) for s in (nearly_done, fresh)] == {"fcfs": [0, 0], "shortest_prompt": [9, 3],
+                                                                   "shortest_job": [2, 5]}[order]
+        keys[order] = sorted((nearly_done, fresh), key=lambda s: sched.order(s, now=2.0))[0].request_id
+    assert keys == {"fcfs": "fresh", "shortest_prompt": "fresh", "shortest_job": "nearly"}

@@ -2,6 +2,7 @@
 alternates."""
 
 import numpy as np
+import pytest
 
 from labkit.unified_memory.balancing import compare, last_token_log, two_links
 
@@ -27,3 +28,23 @@ def test_last_token_log_is_the_last_steps_faults():
     before = a.stats.faults
     a.access_pages(steps[1])
     assert log.faults == a.stats.faults - before
+
+
+def test_each_links_busy_share_and_the_monitors_utilization_by_hand():
+    """busy_A / busy_B: each link's migration bytes over its bandwidth and the run's time; the monitor's
+    utilization: each window's bytes, the other traffic's included, over bandwidth x window."""
+    _, pool = pools(prefetch="sequential")
+    log = pool.access_pages_logged(trace(4))
+    links = two_links(25e9, 0.6, period_s=2e-4)
+    rows, runs = compare(log, links, window_s=1e-5)
+    for row in rows:
+        r = runs[row["links"]]
+        assert row["busy_A"] == r["bytes"][0] / 25e9 / r["time_s"]
+        assert row["busy_B"] == (r["bytes"][1] / 25e9 / r["time_s"] if len(r["bytes"]) > 1 else 0.0)
+        assert row["pages_A"] == r["bytes"][0] / r["bytes"].sum()
+    r = runs["balanced"]
+    assert 0 < rows[2]["busy_B"] < 1 and rows[2]["busy_A"] != rows[2]["busy_B"]
+    u, w = r["utilization"], r["window_s"]
+    for i, link in enumerate(links):  # over the whole run: the migrations' bytes plus the other traffic's
+        background = link.background_bytes(0.0, u.shape[1] * w)
+        assert u[i].sum() * 25e9 * w == pytest.approx(r["bytes"][i] + background, rel=1e-9)

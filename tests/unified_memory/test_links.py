@@ -133,3 +133,21 @@ def test_bad_links_routes_and_shares_are_refused():
     assert_refused(lambda: Link("a", 1e9, busy=1.0), ValueError, "busy", 1.0, "")
     assert_refused(lambda: Link("a", 1e9, period_s=1.0, on_start=0.5, on_end=0.2), ValueError, "on_end", 0.2, "")
     assert_refused(lambda: simulate("log", [Link("a", 1e9)]), TypeError, "log", "log", "FaultLog")
+
+
+def test_a_window_too_small_for_the_run_is_refused_by_name_at_once():
+    """The monitor keeps a counter per window: past MAX_WINDOWS windows over the replay's bound on its time
+    (1e-11 s would take minutes, 1e-13 s hundreds of GiB) window_s is refused, naming the least it accepts."""
+    from labkit.unified_memory.links import MAX_WINDOWS
+    _, pool = pools(prefetch="sequential")
+    log = pool.access_pages_logged(trace(3))
+    links = [Link("a", 25e9), Link("b", 25e9)]
+    rows = log.rows
+    bound = (int(rows[:, 0].sum()) + log.trailing_hits) * log.hit_s + int(rows[:, 1].sum()) * log.fault_latency \
+        + int(rows[:, 2:].sum()) * log.page_size / 25e9
+    least = bound / (MAX_WINDOWS - 2)
+    for w in (least / 2, 1e-13, 1e-11):
+        assert_refused(lambda: simulate(log, links, "balanced", window_s=w), ValueError, "window_s", w,
+                       f"at least {least * (1 + 1e-9):.3g} s")
+    r = simulate(log, links, "balanced", window_s=least * 1.01)  # just inside the limit: runs, in well under a second
+    assert 0.9 * MAX_WINDOWS < r["utilization"].shape[1] * bound / r["time_s"] <= MAX_WINDOWS
