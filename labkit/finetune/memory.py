@@ -105,7 +105,9 @@ class StepMemory:
                 "activations": self.activations, "peak": self.peak}
 
 
-def _nbytes(tensors) -> int:
+def storage_bytes(tensors) -> int:
+    """Bytes of the storages behind `tensors`, each storage counted once (views of one tensor, or tensors that
+    share memory, are one allocation)."""
     seen, total = set(), 0
     for t in tensors:
         key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
@@ -115,12 +117,20 @@ def _nbytes(tensors) -> int:
     return total
 
 
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes an optimizer keeps between steps: every tensor of optimizer.state (Adam's m and v, 8-bit codes and
+    absmaxes, and the step counters torch keeps as 0-dim tensors), each storage once. The one rule for an
+    optimizer's bytes: measure_step, finetune.zero and AdamW8bit.state_bytes count with it (notebook 09)."""
+    check_type("optimizer", optimizer, torch.optim.Optimizer)
+    return storage_bytes(t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor))
+
+
 def weight_bytes(model) -> int:
     """Bytes of a model's parameters and buffers (frozen LoRA bases included), rotary tables excluded."""
     check_tinylm(model)
     bufs = [b for name, b in model.named_buffers() if not name.startswith("rope_")]
-    return _nbytes(list(model.parameters()) + bufs) + sum(
-        m.nbytes() - _nbytes(m.buffers()) for m in model.modules() if type(m).__name__ == "FrozenBase")
+    return storage_bytes(list(model.parameters()) + bufs) + sum(
+        m.nbytes() - storage_bytes(m.buffers()) for m in model.modules() if type(m).__name__ == "FrozenBase")
 
 
 def lm_loss(model, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -165,10 +175,10 @@ def measure_step(model, tokens: torch.Tensor, optimizer: torch.optim.Optimizer, 
 
     step(False)
     optimizer.zero_grad(set_to_none=True)
-    states = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-    resident = weight_bytes(model) + _nbytes(states)
+    states = optimizer_state_bytes(optimizer)
+    resident = weight_bytes(model) + states
     peak = buffers.allocator_peak(lambda: step(True))  # lab 08's accounting: the profiler's memory events
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     param_storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     acts = [t for t in saved if t.untyped_storage().data_ptr() not in param_storages]
-    return StepMemory(weight_bytes(model), _nbytes(grads), _nbytes(states), _nbytes(acts), resident + peak)
+    return StepMemory(weight_bytes(model), storage_bytes(grads), states, storage_bytes(acts), resident + peak)

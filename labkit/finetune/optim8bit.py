@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_bool, check_choice, check_number, check_positive_int, check_type, fail
+from .memory import optimizer_state_bytes
 
 BLOCK = 256
 STATE_DTYPES = ("fp32", "int8")
@@ -187,9 +188,8 @@ class AdamW8bit(torch.optim.Optimizer):
         return loss
 
     def state_bytes(self) -> int:
-        """Bytes of every state tensor (codes and absmaxes, or FP32 m and v)."""
-        return sum(t.numel() * t.element_size() for st in self.state.values() for t in st.values()
-                   if isinstance(t, torch.Tensor))
+        """Bytes of every state tensor (codes and absmaxes, or FP32 m and v): memory.optimizer_state_bytes."""
+        return optimizer_state_bytes(self)
 
 
 def state_bytes_per_param(state_dtype: str, block: int = BLOCK) -> float:

@@ -21,18 +21,13 @@ import torch.distributed as dist
 
 from .._checks import check_positive_int, fail
 from ..tinylm import TinyLM, TinyLMConfig
-from .memory import lm_loss
+from .memory import lm_loss, optimizer_state_bytes
 
 
 def _model(cfg: dict, state: dict) -> TinyLM:
     model = TinyLM(TinyLMConfig.from_dict(cfg))
     model.load_state_dict(state)
     return model
-
-
-def _opt_bytes(opt: torch.optim.Optimizer) -> int:
-    return sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
-               if isinstance(t, torch.Tensor) and t.dim() > 0)
 
 
 def single_process(cfg: dict, state: dict, batches: list[torch.Tensor], lr: float = 1e-3,
@@ -44,7 +39,7 @@ def single_process(cfg: dict, state: dict, batches: list[torch.Tensor], lr: floa
         opt.zero_grad(set_to_none=True)
         lm_loss(model, tokens).backward()
         opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), _opt_bytes(opt)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), optimizer_state_bytes(opt)
 
 
 def zero1_worker(rank: int, world: int, cfg: dict, state: dict, batches: list[torch.Tensor], lr: float = 1e-3,
@@ -78,7 +73,7 @@ def zero1_worker(rank: int, world: int, cfg: dict, state: dict, batches: list[to
             for p in params:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
-    return {"params": flat[:total].clone(), "optimizer_bytes": _opt_bytes(opt), "shard": shard}
+    return {"params": flat[:total].clone(), "optimizer_bytes": optimizer_state_bytes(opt), "shard": shard}
 
 
 def zero_redundancy_worker(rank: int, world: int, cfg: dict, state: dict, batches: list[torch.Tensor],
@@ -99,7 +94,8 @@ def zero_redundancy_worker(rank: int, world: int, cfg: dict, state: dict, batche
             dist.all_reduce(p.grad)
             p.grad /= world
         opt.step()
-    return {"params": torch.cat([p.detach().reshape(-1) for p in params]), "optimizer_bytes": _opt_bytes(opt.optim)}
+    return {"params": torch.cat([p.detach().reshape(-1) for p in params]),
+            "optimizer_bytes": optimizer_state_bytes(opt.optim)}
 
 
 def random_batches(vocab: int, n: int, batch: int, seq: int, seed: int = 0) -> list[torch.Tensor]:

@@ -47,7 +47,7 @@ import numpy as np
 import torch.nn as nn
 
 from .._checks import check_type, fail
-from ..tinylm import check_tinylm
+from ..tinylm import ByteTokenizer, check_tinylm
 from . import formats
 from .qtensor import check_word
 
@@ -56,7 +56,6 @@ GGML_TYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 8}  # ggml.h enum ggml_type
 FILE_TYPE = {"F32": 0, "Q4_0": 2, "Q8_0": 7}  # llama.h enum llama_ftype: ALL_F32, MOSTLY_Q4_0, MOSTLY_Q8_0
 QUANTIZE = {"Q8_0": formats.quantize_q8_0, "Q4_0": formats.quantize_q4_0}
 ALIGNMENT = 32  # bytes; GGUF's default (general.alignment not written)
-END_OF_TEXT = 10  # "\n": every document of TinyLM's corpus ends with it
 # llama.cpp names the pre-tokenizer (the regex split before BPE). With no merges any split leaves one token per
 # byte; "smollm" (a small Llama with a byte-level BPE) is one whose detokenizer keeps the text as it is:
 # "gpt-2" and "default" turn on clean_spaces, which drops the space in " ?" (TinyLM's recall prompts have it).
@@ -145,8 +144,8 @@ def metadata(cfg, qtype: str) -> list[tuple[str, int, object]]:
         ("tokenizer.ggml.tokens", ARRAY, (STRING, byte_symbols())),
         ("tokenizer.ggml.token_type", ARRAY, (INT32, [1] * 256)),  # 1: LLAMA_TOKEN_TYPE_NORMAL
         ("tokenizer.ggml.merges", ARRAY, (STRING, [])),  # llama.cpp requires the key; none: one token per byte
-        ("tokenizer.ggml.bos_token_id", UINT32, END_OF_TEXT),
-        ("tokenizer.ggml.eos_token_id", UINT32, END_OF_TEXT),
+        ("tokenizer.ggml.bos_token_id", UINT32, ByteTokenizer.eos_id),
+        ("tokenizer.ggml.eos_token_id", UINT32, ByteTokenizer.eos_id),
         ("tokenizer.ggml.add_bos_token", BOOL, False),
         ("tokenizer.ggml.add_eos_token", BOOL, False),
     ]

@@ -33,8 +33,9 @@ from .config import TinyLMConfig, check_tinylm
 from .model import TinyLM
 from .tokenizer import ByteTokenizer
 
+EOS = ByteTokenizer.eos_id  # the release's bos, eos and pad id
+
 REBUILD = "rebuild it with `python -m labkit.tinylm.train`"
-NEWLINE = 10  # "\n": the course ends every answer with it, so it is the release's bos and eos id
 NAMES = {  # TinyLM parameter (without ".weight"; i: the block) -> Hugging Face Llama's
     "tok_emb": "model.embed_tokens",
     "layers.{i}.attn_norm": "model.layers.{i}.input_layernorm",
@@ -94,7 +95,7 @@ def llama_config(cfg: TinyLMConfig) -> dict:
     check_type("cfg", cfg, TinyLMConfig, "a TinyLMConfig")
     sizes = {key: getattr(cfg, field) for field, key in CONFIG_KEYS.items()}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **sizes, "head_dim": cfg.head_dim,
-            **LLAMA_FIXED, "bos_token_id": NEWLINE, "eos_token_id": NEWLINE, "torch_dtype": "float32"}
+            **LLAMA_FIXED, "bos_token_id": EOS, "eos_token_id": EOS, "torch_dtype": "float32"}
 
 
 def read_config(path=CHECKPOINT) -> TinyLMConfig:
@@ -171,7 +172,7 @@ def save_pretrained(model: TinyLM, path=CHECKPOINT, training: dict | None = None
     path = Path(check_type("path", path, (str, os.PathLike), "a path (str or pathlib.Path)"))
     blob = weights_file(model, training)
     files = {"config.json": llama_config(model.cfg),
-             "generation_config.json": {"bos_token_id": NEWLINE, "eos_token_id": NEWLINE, "pad_token_id": NEWLINE,
+             "generation_config.json": {"bos_token_id": EOS, "eos_token_id": EOS, "pad_token_id": EOS,
                                         "do_sample": False},
              **tokenizer_files()}
     readme = card(hashlib.sha256(blob).hexdigest()) if card is not None else None

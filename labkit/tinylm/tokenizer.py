@@ -13,6 +13,7 @@ class ByteTokenizer:
     """
 
     vocab_size = 256
+    eos_id = 10  # "\n": every document of the corpus ends with it, so every answer does (the release's bos and eos)
 
     def encode(self, text: str | bytes) -> list[int]:
         if isinstance(text, str):

@@ -76,3 +76,19 @@ def test_a_lora_rank_beyond_the_smallest_side_of_an_adapted_layer_is_refused():
     gqa = ModelSpec("gqa", 2, 64, 4, 1, 128, 256, 32)  # wk and wv [16, 64]: the smallest side of every linear 16
     assert_refused(lambda: memory.training_memory(gqa, "lora", 64, rank=17), ValueError, "rank", 17, "at most 16")
     assert memory.training_memory(gqa, "lora", 64, rank=16)["gradients"] == 2 * memory.adapter_params(gqa, 16)
+
+
+def test_an_optimizers_bytes_count_each_storage_once_and_the_step_counters():
+    # the one rule zero.py, AdamW8bit.state_bytes and measure_step count with: torch's AdamW keeps m, v and a
+    # 0-dim float32 step per parameter tensor; a tied weight is one parameter, one set of states
+    w = torch.nn.Parameter(torch.randn(6, 4))
+    b = torch.nn.Parameter(torch.randn(4))
+    opt = torch.optim.AdamW([w, b])
+    (w.sum() + b.sum()).backward()
+    opt.step()
+    states = [t for st in opt.state.values() for t in st.values()]
+    assert memory.optimizer_state_bytes(opt) == sum(t.numel() * t.element_size() for t in states) == 8 * 28 + 2 * 4
+    view = w.detach()[:2]  # a view of w's storage, and w itself: one storage
+    assert memory.storage_bytes([w.detach(), view, b.detach()]) == 4 * 28
+    with pytest.raises(TypeError, match="optimizer must be"):
+        memory.optimizer_state_bytes([w])
