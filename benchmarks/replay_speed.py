@@ -15,7 +15,7 @@ oversubscribed, LRU and clock) and for the Llama-2 7B / 70B decode traces; a 70B
             steady state
 
 Rates count every access of the call that replays it (checking the trace included), not pool set-up. The
-"before" column quotes benchmarks/RESULTS.md (issue 5: the batched numpy engine, idle machine, 2026-11-29).
+"before" column quotes benchmarks/RESULTS.md (lab 02: the batched numpy engine, idle machine, 2026-11-29).
 """
 
 import os
@@ -31,7 +31,7 @@ from labkit.unified_memory.explore import synthetic_trace
 from labkit.unified_memory.layouts import layout, step_pages, total_bytes
 
 GB = 10**9
-BEFORE = {  # M accesses/s recorded in RESULTS.md, issue 5 (None: not measured then)
+BEFORE = {  # M accesses/s recorded in RESULTS.md, lab 02, the numpy engine (None: not measured)
     ("issue-5", "lru"): 0.149, ("issue-5", "clock"): 0.149,
     ("llama-2-7b", "fits, LRU"): 6.44, ("llama-2-7b", "half, LRU"): 3.50,
     ("llama-2-7b", "half, LRU, density"): 1.66, ("llama-2-7b", "half, clock, density"): 1.74,

@@ -1,7 +1,7 @@
 """nbval on several workers (`make test-nbval`: `pytest -n 2 --dist loadfile --nbval notebooks`): each notebook
 runs on one worker, its cells in order, and the longest notebooks start first so that the workers finish together
 (the browser test, tests/browser, orders its notebooks by the same table).
-SECONDS is each notebook's time under nbval on a 2-core machine (benchmarks/RESULTS.md, issue 24): a stale
+SECONDS is each notebook's time under nbval on a 2-core machine (benchmarks/RESULTS.md, "The test suite and CI"): a stale
 figure only changes the order, never a result."""
 
 SECONDS = {"08_cluster": 160, "06_serving": 105, "09_finetune": 102, "03_int4_quantization": 79, "07_day0": 69,

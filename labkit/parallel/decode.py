@@ -14,7 +14,7 @@ alpha is timed on all-reduces of one decode message (d_model float32 values), `r
 round the median of `repeats`: back to back, and after every rank computes for as long as it does between
 two collectives of a TP step (the pattern decode has). The prediction is priced with the second. The
 hypothesis that it is higher (gloo's threads idle during compute and slow to wake) was measured and refuted
-on a quiet machine (benchmarks/RESULTS.md, issue 12); `alphas()` says what this run found.
+on a quiet machine (benchmarks/RESULTS.md, lab 04); `alphas()` says what this run found.
 """
 
 from __future__ import annotations
