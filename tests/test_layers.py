@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "labkit"
-# Lower rank = lower layer. Bottom: helpers, then the course machinery, the model, the presets; then the labs
-# in course order. day0 (the capstone), cluster (lab 08) and finetune (lab 09) may import any earlier lab, through
-# its face.
-RANK = {"__init__": 0, "_checks": 0, "paths": 0, "rng": 0, "course": 1, "tinylm": 2, "specs": 3,
+# Lower rank = lower layer. Bottom: helpers (jit above _checks, which it uses), then the course machinery, the
+# model, the presets; then the labs in course order. day0 (the capstone), cluster (lab 08) and finetune (lab 09)
+# may import any earlier lab, through its face.
+RANK = {"__init__": 0, "_checks": 0, "paths": 0, "rng": 0, "jit": 1, "course": 1, "tinylm": 2, "specs": 3,
         "memory_wall": 10, "unified_memory": 20, "quant": 30, "parallel": 40, "kv_cache": 50, "serving": 60,
         "day0": 70, "cluster": 80, "finetune": 90}
-HELPERS = {"__init__", "_checks", "paths", "rng"}
+HELPERS = {"__init__", "_checks", "paths", "rng", "jit"}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

@@ -7,57 +7,28 @@ meet x[2i] and x[2i+1] at the same index i of two contiguous arrays:
     packed[n, i] = n[2i] | n[2i+1] << 4          x_even[m, i] = x[m, 2i]     x_odd[m, i] = x[m, 2i+1]
     y[m, n] = sum_i (lo_i - 8 - z) s x_even[m, i] + (hi_i - 8 - z) s x_odd[m, i]     (z, s: i's group)
 
-Compiled with numba (njit, cache=True: the compile, a few seconds, is paid once per machine and source) when
-it imports and LABKIT_JIT is not "0"; otherwise the same functions run as plain Python (slow, but the same
-results: the tests call `.py_func` to check both). fastmath lets LLVM reorder the float sums so that they
-use SIMD registers: results differ from the reference in the last digits, never more (the tests' tolerance).
-The same small pattern as lab 02's labkit.unified_memory.jit, which compiles without parallel=True.
+Compiled with numba by labkit.jit, the course's one switch (LABKIT_JIT=0, or no numba, runs the same functions
+as plain Python: slow, but the same results; the tests call `.py_func` to check both). fastmath lets LLVM
+reorder the float sums so that they use SIMD registers: results differ from the reference in the last digits,
+never more (the tests' tolerance). The parallel loops' thread count is labkit.jit's (max_threads, get_threads,
+set_threads; kernels.threads sets it for a block).
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from .._checks import check_int
+from ..jit import ENABLED, get_threads, max_threads, njit, prange, set_threads
 
-try:
-    import numba
-except ImportError:  # numba is pinned in pyproject.toml; without it the loops run as plain Python
-    numba = None
+__all__ = ["EIGHT", "ENABLED", "blocked", "compiled", "fused", "get_threads", "integer", "max_threads", "set_threads"]
 
-ENABLED = numba is not None and os.environ.get("LABKIT_JIT", "1") != "0"
-prange = numba.prange if ENABLED else range
 EIGHT = np.float32(8.0)  # the nibble's offset (code = nibble - 8), as float32 so that sums stay in float32
 
 
 def compiled(parallel: bool = False, fastmath: bool = True):
-    """numba.njit(cache=True, parallel=..., fastmath=...) when ENABLED, else the function itself with
-    .py_func = itself."""
-    def wrap(fn):
-        if not ENABLED:
-            fn.py_func = fn
-            return fn
-        return numba.njit(cache=True, parallel=parallel, fastmath=fastmath, nogil=True)(fn)
-    return wrap
-
-
-def max_threads() -> int:
-    """The most threads the parallel loops may use (numba's NUMBA_NUM_THREADS, the core count; 1 without numba)."""
-    return numba.config.NUMBA_NUM_THREADS if ENABLED else 1
-
-
-def get_threads() -> int:
-    """The parallel loops' (rung 4's) thread count: numba's, 1 without numba."""
-    return numba.get_num_threads() if ENABLED else 1
-
-
-def set_threads(n: int) -> None:
-    """Set the parallel loops' thread count to n, in [1, max_threads()] (kernels.threads sets it for a block)."""
-    check_int("n", n, 1, max_threads())
-    if ENABLED:
-        numba.set_num_threads(n)
+    """labkit.jit.njit(parallel=parallel, fastmath=fastmath), cached by numba beside this file: compiled when
+    labkit.jit.ENABLED, else the function itself with .py_func = itself."""
+    return njit(parallel=parallel, fastmath=fastmath)
 
 
 @compiled()

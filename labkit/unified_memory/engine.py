@@ -45,7 +45,7 @@ import numpy as np
 
 from .._checks import check_int, check_positive_int, check_type, fail
 from .config import UMConfig
-from .faultlog import CHUNK, FaultLog, log_buffer, replay_logged
+from .faultlog import CHUNK, COLUMNS, FaultLog, log_buffer
 from .loop import first_outside, place, release, replay
 from .state import (EVICTION, FRAME, FREE, HOST, N_FREE, PREFETCH, TIER, Costs, Rules, grown, new_frames, new_pages,
                     new_state)
@@ -184,35 +184,34 @@ class UnifiedMemory:
         """Touch virtual pages in order (a 1-D array of page numbers, each inside a live allocation). The whole
         trace is checked first: a refused trace leaves the pool as it was."""
         pages = self._checked_pages(pages, live=True)
-        if not len(pages):
-            return
-        hits, faults, batches, migrations, evictions, time_s = replay(
-            pages, self.pages, self.frames, self.block_end, self.state, self.rules, self.costs,
-            float(self.stats.time_s), self.timeline, self._prefetched, self._counts)
-        s = self.stats
-        s.hits, s.faults, s.fault_batches = s.hits + hits, s.faults + faults, s.fault_batches + batches
-        s.migrations, s.evictions = s.migrations + migrations, s.evictions + evictions
-        s.bytes_moved += (migrations + evictions) * self.page_size
-        s.time_s = float(time_s)
+        if len(pages):
+            self._replay(pages, None, 0)
 
     def access_pages_logged(self, pages) -> FaultLog:
         """access_pages, and the log of its faults (faultlog.py: hits before each, whether it paid the latency,
         pages in and out) for the link models of links.py. Same counters, same simulated time."""
         pages = self._checked_pages(pages, live=True)
-        rows, hits_before, s = [], 0, self.stats
+        rows, hits_before = [], 0
         for start in range(0, len(pages), CHUNK):
             chunk = pages[start:start + CHUNK]
             log = log_buffer(len(chunk))
-            hits, faults, batches, migrations, evictions, time_s, hits_before = replay_logged(
-                chunk, self.pages, self.frames, self.block_end, self.state, self.rules, self.costs,
-                float(s.time_s), self.timeline, self._prefetched, self._counts, log, hits_before)
+            faults, hits_before = self._replay(chunk, log, hits_before)
             rows.append(log[:faults].copy())
-            s.hits, s.faults, s.fault_batches = s.hits + hits, s.faults + faults, s.fault_batches + batches
-            s.migrations, s.evictions = s.migrations + migrations, s.evictions + evictions
-            s.bytes_moved += (migrations + evictions) * self.page_size
-            s.time_s = float(time_s)
-        table = np.concatenate(rows) if rows else np.zeros((0, 4), np.int64)
+        table = np.concatenate(rows) if rows else np.zeros((0, COLUMNS), np.int64)
         return FaultLog(table, int(hits_before), self.page_size, self.costs.hit_s, self.costs.fault_latency)
+
+    def _replay(self, pages: np.ndarray, log: np.ndarray | None, hits_before: int) -> tuple[int, int]:
+        """Run the paging loop (loop.replay) over checked pages, writing `log` (None: no log), and add its counters
+        to `stats`. Returns (faults, hits since the last fault)."""
+        hits, faults, batches, migrations, evictions, time_s, hits_after = replay(
+            pages, self.pages, self.frames, self.block_end, self.state, self.rules, self.costs,
+            float(self.stats.time_s), self.timeline, self._prefetched, self._counts, log, hits_before)
+        s = self.stats
+        s.hits, s.faults, s.fault_batches = s.hits + hits, s.faults + faults, s.fault_batches + batches
+        s.migrations, s.evictions = s.migrations + migrations, s.evictions + evictions
+        s.bytes_moved += (migrations + evictions) * self.page_size
+        s.time_s = float(time_s)
+        return int(faults), int(hits_after)
 
     def _checked_pages(self, pages, live: bool) -> np.ndarray:
         array = np.asarray(pages)

@@ -7,12 +7,14 @@
                         host), then charge the time: fault latency once per batch, and every page in or
                         out at link bandwidth
 
-The rules are written out in engine.py's docstring; the tables are those of state.py. Compiled with numba
-when it is installed (jit.py); `replay.py_func` is the same loop as plain Python. UnifiedMemory calls it.
+The rules are written out in engine.py's docstring; the tables are those of state.py. The same loop writes the
+fault log (faultlog.py) when its caller passes one. Compiled with numba when it is installed (jit.py);
+`replay.py_func` is the same loop as plain Python. UnifiedMemory calls it.
 """
 
 from __future__ import annotations
 
+from .faultlog import HITS_BEFORE, OPENS, PAGES_IN, PAGES_OUT
 from .jit import jit
 from .policies import link, pick_victim, release_frame, take_free_frame, touch, unlink
 from .prefetch import prefetch_candidates
@@ -48,12 +50,16 @@ def load_page(page, tick, pages, frames, state, eviction):
 
 
 @jit
-def replay(trace, pages, frames, block_end, state, rules, costs, time_s, timeline, prefetched, counts):
+def replay(trace, pages, frames, block_end, state, rules, costs, time_s, timeline, prefetched, counts, log=None,
+           hits_before=0):
     """Replay the page numbers of `trace` in order. time_s: simulated seconds so far; timeline: when the link
-    was busy (timeline.py); prefetched, counts: scratch space for the prefetchers. Returns (hits, faults,
-    fault batches, migrations, evictions, time_s at the end)."""
+    was busy (timeline.py); prefetched, counts: scratch space for the prefetchers. log: None, or the rows of a
+    fault log (faultlog.py's log_buffer), one written per fault; numba compiles the loop once for None, without
+    step 4, and once for a log. hits_before: hits since the last logged fault before this trace. Returns (hits,
+    faults, fault batches, migrations, evictions, time_s at the end, hits since the last fault: with a log)."""
     hits = faults = batches = migrations = evictions = 0
     n_frames = len(frames)
+    logged_hits, logged_batches = -hits_before, 0           # hits and batches as of the last logged fault
     for page in trace:
         state[TICK] += 1
         tick = state[TICK]
@@ -85,7 +91,15 @@ def replay(trace, pages, frames, block_end, state, rules, costs, time_s, timelin
         busy = (1 + n_prefetched + evicted) * costs.page_size / costs.link_bandwidth
         record_busy(timeline, time_s, time_s + busy)
         time_s += busy
-    return hits, faults, batches, migrations, evictions, time_s
+
+        # 4. the fault log's row (faultlog.py), when the caller keeps one
+        if log is not None:
+            log[faults - 1, HITS_BEFORE] = hits - logged_hits    # hits since the previous fault
+            log[faults - 1, OPENS] = batches - logged_batches    # 1 if this fault opened a batch
+            log[faults - 1, PAGES_IN] = 1 + n_prefetched
+            log[faults - 1, PAGES_OUT] = evicted
+            logged_hits, logged_batches = hits, batches
+    return hits, faults, batches, migrations, evictions, time_s, hits - logged_hits
 
 
 @jit

@@ -28,6 +28,8 @@ class Reference:
         self.counts = dict(hits=0, faults=0, fault_batches=0, migrations=0, evictions=0, bytes_moved=0)
         self.time = 0.0
         self.transfers = []              # (start, end) of each fault's link transfer
+        self.fault_rows = []             # per fault: [hits since the previous fault, opened a batch, pages in, out]
+        self.hits_since_fault = 0
 
     # ---- allocation -------------------------------------------------------------------------------
     def alloc(self, n):
@@ -119,9 +121,11 @@ class Reference:
                 self.recency.move_to_end(p)
             self.bit[p] = True
             self.batch_room = 0
+            self.hits_since_fault += 1
             return
         self.counts["faults"] += 1
-        if self.batch_room == 0:
+        opened = self.batch_room == 0
+        if opened:
             self.counts["fault_batches"] += 1
             self.time += self.latency
             self.batch_room = self.fault_batch
@@ -133,6 +137,8 @@ class Reference:
         for q in sorted(group):  # LRU key (tick, page): one fault's pages are ordered by page number
             self.recency.move_to_end(q)
         moved = len(group) + self.counts["evictions"] - out_before
+        self.fault_rows.append([self.hits_since_fault, int(opened), len(group), moved - len(group)])
+        self.hits_since_fault = 0
         self.counts["migrations"] += len(group)
         self.counts["bytes_moved"] += moved * self.page_size
         start = self.time

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from labkit.unified_memory import UnifiedMemory, jit, loop
+from labkit.unified_memory.faultlog import log_buffer
 
 PS = 4096
 CASES = [(e, p, b) for e in ("lru", "clock", "fifo") for p in (None, "sequential", "density") for b in (1, 3)]
@@ -72,12 +73,13 @@ def test_py_func_is_the_same_loop():
     results = []
     for fn in (loop.replay, loop.replay.py_func):
         um, a = pool()
-        pages = trace + a.first_page
-        results.append(fn(pages, um.pages, um.frames, um.block_end, um.state, um.rules, um.costs, 0.0, um.timeline,
-                          um._prefetched, um._counts))
-        results.append(um.pages.tolist())
-    assert results[0] == results[2] and results[1] == results[3]
-    assert results[0][1] > 20  # faults: the device holds 5 of 20 pages
+        pages, log = trace + a.first_page, log_buffer(len(trace))
+        out = fn(pages, um.pages, um.frames, um.block_end, um.state, um.rules, um.costs, 0.0, um.timeline,
+                 um._prefetched, um._counts, log, 3)
+        results.append((out, um.pages.tolist(), log[:out[1]].tolist()))
+    assert results[0] == results[1]
+    assert results[0][0][1] > 20  # faults: the device holds 5 of 20 pages
+    assert results[0][2][0][0] >= 3  # the first fault's hits before it count the 3 given
 
 
 def test_place_and_release_keep_pages_and_frames_mirrored():
