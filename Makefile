@@ -1,9 +1,9 @@
 # Two commands do all the set-up (see README.md):
 #   make lab    create .venv with the pinned dependencies, install labkit, write the student notebooks that are
 #               missing into student/ (never overwriting one you changed), start JupyterLab there
-#   make test   the same set-up, then unit and property tests, then every notebook run once: the student versions
-#               in JupyterLab in headless Chromium (the browser test), each output compared with the instructor
-#               notebook's stored one as nbval compares it; without Chromium or playwright, it says so and runs
+#   make test   the same set-up, then the linter (ruff), unit and property tests, then every notebook run once: the
+#               student versions in JupyterLab in headless Chromium (the browser test), each output compared with the
+#               instructor notebook's stored one as nbval compares it; without Chromium or playwright, it says so and runs
 #               nbval on the instructor notebooks instead
 # Instructors: make student (hand out), make grade SUBMISSIONS=folder [LAB=00_setup] (collect, grade),
 # make lab-instructor (JupyterLab on notebooks/, the solutions). make test-browser: the browser test alone.
@@ -62,6 +62,7 @@ lab-instructor: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_FLAGS) $(ROOT_FLAG)
 
 test: $(STAMP)
+	$(BIN)/ruff check labkit tests benchmarks
 	$(BIN)/python -m pytest tests --ignore=tests/browser -n $(WORKERS) --dist loadfile -rs
 	@if [ -x "$(CHROMIUM)" ] && $(BIN)/python -c "import playwright.sync_api" 2>/dev/null; then \
 		$(MAKE) --no-print-directory test-browser; \

@@ -2,7 +2,7 @@
 
     python benchmarks/bandwidth.py
 
-Goal (issue 3): measure_bandwidth() finishes in at most 3 s, and its read and copy figures agree within 25%
+Goal: measure_bandwidth() finishes in at most 3 s, and its read and copy figures agree within 25%
 with a straightforward numpy timing taken in the same run (a different, larger array, the median of a few
 timings, no warm-up). Both are timed with the course's one timing helper, labkit.course.timing.measure.
 Prints both and the ratios; copy the output into benchmarks/RESULTS.md.

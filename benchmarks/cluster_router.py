@@ -1,4 +1,4 @@
-"""Lab 08's router, measured in one run (issue 17): 2 replicas against 1 through the router on the same trace,
+"""Lab 08's router, measured in one run: 2 replicas against 1 through the router on the same trace,
 prefix affinity against round robin (and least outstanding) on a trace with shared prefixes, and failover
 (a replica killed, a replica hung) with every request accounted for.
 

@@ -4,7 +4,7 @@ tensors.
 
     python benchmarks/day0_load.py [release folder]      (default: data/tinyvlm, else a random ~25 MB release)
 
-Goal (issue 15): report the threaded/serial ratio measured in the same run (median of interleaved repeats;
+Goal: report the threaded/serial ratio measured in the same run (median of interleaved repeats;
 "unreliable on this run" when the repeats spread too much), and check bytes read per rank <= total/TP +
 replicated. The files sit in the page cache after the first read, so the times are memory-to-memory copies
 (plus BF16 conversion), not disk reads. Peak memory is measured per mode in a fresh process

@@ -1,6 +1,6 @@
-"""Service start-up and time to first token for TinyVLM's release (issue 15: start to 200 on /health with
---tp 2 in at most 15 s on 2 cores; time to first token for an image request, and the encoder cache's effect
-on a repeated image).
+"""Service start-up and time to first token for TinyVLM's release. Goal: start to 200 on /health with --tp 2
+in at most 15 s on 2 cores. Also measured: time to first token for an image request, and the encoder cache's
+effect on a repeated image.
 
     python benchmarks/day0_startup.py [--model data/tinyvlm] [--repeats 5]
 

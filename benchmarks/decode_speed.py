@@ -2,7 +2,7 @@
 
     python benchmarks/decode_speed.py
 
-Goal (issue 2): at least 200 tokens/s with the cache on 2 cores, and at least 3x the speed of decoding
+Goal: at least 200 tokens/s with the cache on 2 cores, and at least 3x the speed of decoding
 without it at a 256-token context. Prints tokens/s and the ratio; records nothing by itself: copy the
 output into benchmarks/RESULTS.md.
 """

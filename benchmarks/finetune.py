@@ -1,4 +1,4 @@
-"""Fine-tuning TinyLM, measured in one run (issue 31): a LoRA step at least 2x faster than a full fine-tuning step
+"""Fine-tuning TinyLM, measured in one run. Goals: a LoRA step at least 2x faster than a full fine-tuning step
 at the same batch, and QLoRA's peak memory at most half of LoRA's with an FP32 base.
 
     python benchmarks/finetune.py [--repeats N] [--batch B] [--seq T]

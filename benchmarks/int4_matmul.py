@@ -1,4 +1,4 @@
-"""INT4 weight-only matmul speed (issues 4 and 10), measured by notebook 03's own method in one run.
+"""INT4 weight-only matmul speed, measured by notebook 03's own method in one run.
 
     python benchmarks/int4_matmul.py [repeats]
 
@@ -11,9 +11,9 @@ The measurement is labkit.quant.speed.measure_matmuls: 8 distinct 4096x4096 matr
 last-level cache), FP32 and BF16 F.linear and INT4 QuantLinear on all threads, FP32 and INT4 on one thread,
 and the memory roofs (torch's sum over 256 MiB on all threads and on one), all timed in turns, medians of
 `repeats` rounds with their spreads. labkit.quant.verdicts draws the conclusions, or says "unreliable on this
-run" when the machine was too busy. Also times the reference path (tiled dequantize-multiply-accumulate).
+run" when the machine is too busy. Also times the reference path (tiled dequantize-multiply-accumulate).
 
-Issue 30, the kernel ladder (labkit.quant.kernels, timed by labkit.quant.kernels_speed.measure_ladder in the
+The kernel ladder (labkit.quant.kernels, timed by labkit.quant.kernels_speed.measure_ladder in the
 same run): rungs 1-7 (rungs 6-7: C built here by the machine's compiler, where there is one) and torch's INT4
 kernel, batch 1, on 4096x4096 (8 matrices) and 4096x14336 (N = 4096 outputs, K = 14336 inputs, as ggml's
 MUL_MAT perf case; 3 matrices), every product on the matrix after the one the product before it read, on 1
@@ -73,7 +73,7 @@ def main(repeats: int = 30) -> None:
 
 
 def ladder(repeats: int = 15) -> None:
-    """Issue 30: the ladder's table and goals on each shape."""
+    """The ladder's table and goals on each shape."""
     print(f"\nrungs 6-7 (C): {kernels.available(kernels.C_RUNGS[0])[1]}")
     for n, k, matrices in LADDER_SHAPES:
         run = kernels_speed.measure_ladder(n, k, matrices=matrices, repeats=repeats, slow_repeats=3)
@@ -113,7 +113,8 @@ def builds_in_turns(repeats: int = 15, matrices: int = 8) -> None:
     for name, flags in BUILDS.items():
         os.environ["LABKIT_CFLAGS"] = flags
         ok, how = kernels_c.available()
-        path = how.split(" float lanes, ")[-1]  # lanes and rung 7's path: a build that repeats one is left out
+        here = kernels_c.build()
+        path = (here.lanes, here.int8_path) if here else None  # a build that repeats another's is left out
         print(f"{name}: {how}" + ("" if not ok or path not in paths else " (the same path as above: left out)"))
         if ok and path not in paths:
             paths.add(path)

@@ -1,4 +1,4 @@
-"""labkit.kv_cache.BlockManager appends per second, measured in one run (issue 13: at least 500,000/s).
+"""labkit.kv_cache.BlockManager appends per second, measured in one run (goal: at least 500,000/s).
 
     python benchmarks/kv_cache_blocks.py [--repeats N]
 

@@ -1,5 +1,5 @@
 """TinyLM batch-1 decoding with labkit.kv_cache.PagedKVCache against the contiguous KVCache, at a 256-token
-context, measured in one run (issue 13: paged at least 70% of the contiguous tokens/s).
+context, measured in one run (goal: paged at least 70% of the contiguous tokens/s).
 
     python benchmarks/kv_cache_decode.py [--repeats N]
 

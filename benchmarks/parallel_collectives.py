@@ -1,4 +1,4 @@
-"""The course's ring all-reduce (gloo point-to-point sends) against gloo's own all_reduce (issue 12).
+"""The course's ring all-reduce (gloo point-to-point sends) against gloo's own all_reduce.
 
     python benchmarks/parallel_collectives.py [repeats]
 

@@ -1,5 +1,5 @@
 """TinyLM decode with TP=2 and PP=2 in real gloo processes against one process and against the
-alpha-beta prediction (issue 12).
+alpha-beta prediction.
 
     python benchmarks/parallel_decode.py [tokens]
 
@@ -12,7 +12,8 @@ and labkit.parallel.pipeline.predicted_decode_seconds (the whole step + one send
 with the after-compute alpha. Goal: each prediction within 2x of the measurement; a miss is printed with the
 cost per collective the step actually paid. Then the TP=2 step taken apart from timestamps on both ranks
 (labkit.parallel.decode.step_timeline): each part of a step per rank, each collective's wait for the peer,
-time in the collective and late exit, and the spread of the collectives. Run it alone. Copy the output into benchmarks/RESULTS.md.
+time in the collective and late exit, and the spread of the collectives. Run it alone. Copy the output into
+benchmarks/RESULTS.md.
 """
 
 import statistics
@@ -36,7 +37,8 @@ def main(tokens: int = 48) -> None:
     predicted = pipeline.predicted_decode_seconds(model.cfg, 2, run.link, run.single_step)
     ratio = pp / predicted
     print(f"PP=2: {pp * 1e3:.2f} ms/token ({run.single_step / pp:.2f}x the single process), predicted "
-          f"{predicted * 1e3:.2f} ms: measured/predicted {ratio:.2f} ({'within' if 0.5 <= ratio <= 2 else 'outside'} 2x)")
+          f"{predicted * 1e3:.2f} ms: measured/predicted {ratio:.2f} "
+          f"({'within' if 0.5 <= ratio <= 2 else 'outside'} 2x)")
     print("\nThe TP=2 step from timestamps on both ranks:")
     print(timeline.table())
     print(timeline.explain())

@@ -1,4 +1,4 @@
-"""The three overlaps of issue 29 (lab 04) on 2 real gloo ranks, each against the same work without overlap.
+"""The three overlaps lab 04 teaches, on 2 real gloo ranks, each against the same work without overlap.
 
     python benchmarks/parallel_overlap.py [repeats]
 

@@ -1,4 +1,4 @@
-"""llama.cpp beside labkit on the course's own model, in one run (issue 28, part 4): the same text, the INT4
+"""llama.cpp beside labkit on the course's own model, in one run: the same text, the INT4
 matrix-vector product, and serving.
 
     make peers                                  # once: builds llama-cpp-python (llama.cpp from source)
@@ -65,13 +65,12 @@ MATRICES = 7  # q, k, v, o, gate, up, down
 ROOF_BYTES = 256 * 2**20
 PARTS = ("text", "gemv", "serving")
 BUFTS = ""  # set below on a CPU with AMX
-NEWLINE = 10
 DEQUANTIZE = {"Q8_0": dequantize_q8_0, "Q4_0": dequantize_q4_0}
 
 
 AMX = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
 """On a CPU with AMX, llama.cpp (0.3.36's) puts Q8_0 and Q4_0 matrices in its AMX buffer type, whose matmul
-crashed here with SIGSEGV on TinyLM's first decode (2026-12-02, Xeon with AMX; ggml_backend_amx_mul_mat, as
+crashes with SIGSEGV on TinyLM's first decode (Xeon with AMX, 2026-12-02; ggml_backend_amx_mul_mat, as
 llama.cpp issue #20824 reports). There every Llama of this script, and its server, loads without llama.cpp's
 extra buffer types (AMX and the repacked Q4_0 layouts: the plain ggml-cpu kernels, AVX-512 VNNI included)."""
 NO_EXTRA_BUFTS = """
@@ -123,7 +122,8 @@ def file_weights(model, qtype: str):
 def same_text(got: list[list[int]], ref: list[list[int]], n: int) -> str:
     same = sum(g == r for g, r in zip(got, ref))
     first = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), n) / n for g, r in zip(got, ref)]
-    return f"identical {same}/{len(ref)} ({same / len(ref):.0%}), {statistics.mean(first):.0%} of tokens before a difference"
+    return (f"identical {same}/{len(ref)} ({same / len(ref):.0%}), "
+            f"{statistics.mean(first):.0%} of tokens before a difference")
 
 
 def agreement(model, folder: Path, prompts: list[list[int]], n: int) -> None:
@@ -292,7 +292,8 @@ def serving(folder: Path, clients: int, max_tokens: int) -> None:
                 pass
             assert time.monotonic() < deadline, "llama_cpp.server did not start in 120 s"
             time.sleep(0.2)
-        peer = streams(f"http://127.0.0.1:{port}/v1", texts, max_tokens, {"logit_bias": {str(NEWLINE): -100}})
+        peer = streams(f"http://127.0.0.1:{port}/v1", texts, max_tokens,
+                       {"logit_bias": {str(ByteTokenizer.eos_id): -100}})
     finally:
         server.terminate()
         server.wait(30)

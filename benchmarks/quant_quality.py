@@ -1,4 +1,4 @@
-"""TinyLM quality after quantization on a larger evaluation than notebook 03 can afford (issues 4 and 10).
+"""TinyLM quality after quantization on a larger evaluation than notebook 03 can afford.
 
     python benchmarks/quant_quality.py
 

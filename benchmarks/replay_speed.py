@@ -2,20 +2,21 @@
 
     python benchmarks/replay_speed.py [--quick]        (--quick: no 70B, no fresh compile)
 
-Goals (issue 9): at least 20 M page accesses/s once compiled, on 2 cores, for random-page traces (4x
+Goals: at least 20 M page accesses/s once compiled, on 2 cores, for random-page traces (4x
 oversubscribed, LRU and clock) and for the Llama-2 7B / 70B decode traces; a 70B decode step at 4 KiB pages
 (33.6 M accesses) in a few seconds; the one-time compile cost printed on its own line.
 
   compile   a fresh process with an empty numba cache (NUMBA_CACHE_DIR in a temporary folder) builds a pool
             and replays a few pages: numba compiles the loop; a second process finds it in that cache
   random    uniform random pages; 262,144 pages, device 65,536 pages (4x oversubscribed), 2,000,000 accesses
-            (the FACTS.md prototype's case); and the issue-5 shape: 4096 pages, device 1024, 200,000 accesses
+            (the FACTS.md prototype's case); and a small one ("small"): 4096 pages, device 1024, 200,000 accesses
   decode    TinyLM's recorded decode step scaled to the Llama-2 layouts (FP16 weights, FP16 KV cache of 4096
             positions), 4 KiB pages, replayed twice (2 tokens): the first token starts cold, the second is the
             steady state
 
 Rates count every access of the call that replays it (checking the trace included), not pool set-up. The
-"before" column quotes benchmarks/RESULTS.md (lab 02: the batched numpy engine, idle machine, 2026-11-29).
+"numpy engine" column quotes benchmarks/RESULTS.md's figures for the batched numpy engine, a replay without
+numba (lab 02, idle machine, 2026-11-29).
 """
 
 import os
@@ -31,8 +32,8 @@ from labkit.unified_memory.explore import synthetic_trace
 from labkit.unified_memory.layouts import layout, step_pages, total_bytes
 
 GB = 10**9
-BEFORE = {  # M accesses/s recorded in RESULTS.md, lab 02, the numpy engine (None: not measured)
-    ("issue-5", "lru"): 0.149, ("issue-5", "clock"): 0.149,
+NUMPY_ENGINE = {  # M accesses/s recorded in RESULTS.md, lab 02, the numpy engine (absent: not measured)
+    ("small", "lru"): 0.149, ("small", "clock"): 0.149,
     ("llama-2-7b", "fits, LRU"): 6.44, ("llama-2-7b", "half, LRU"): 3.50,
     ("llama-2-7b", "half, LRU, density"): 1.66, ("llama-2-7b", "half, clock, density"): 1.74,
     ("llama-2-7b", "half, LRU, sequential"): 7.53,
@@ -53,10 +54,10 @@ print(f"{t1 - t0:.3f} {time.perf_counter() - t1:.3f}")
 """
 
 
-def vs_before(key, rate: float) -> str:
-    """'before 3.50 M/s: 29x' for a case RESULTS.md recorded, else ''."""
-    old = BEFORE.get(key)
-    return f"   before {old:5.2f} M/s: {rate / old:4.0f}x" if old else ""
+def vs_numpy(key, rate: float) -> str:
+    """'numpy engine 3.50 M/s: 29x' for a case RESULTS.md recorded, else ''."""
+    numpy_rate = NUMPY_ENGINE.get(key)
+    return f"   numpy engine {numpy_rate:5.2f} M/s: {rate / numpy_rate:4.0f}x" if numpy_rate else ""
 
 
 def compile_cost() -> None:
@@ -80,7 +81,7 @@ def timed_replay(pool, allocation, trace, repeat=1) -> list[float]:
 
 
 def random_cases() -> None:
-    for label, n_pages, device, length in (("random", 262_144, 65_536, 2_000_000), ("issue-5", 4096, 1024, 200_000)):
+    for label, n_pages, device, length in (("random", 262_144, 65_536, 2_000_000), ("small", 4096, 1024, 200_000)):
         trace = synthetic_trace("random", n_pages, length, seed=0)
         print(f"{label}: {n_pages:,} pages, device {device:,} ({n_pages // device}x oversubscribed), "
               f"{length:,} random accesses")
@@ -91,7 +92,7 @@ def random_cases() -> None:
             dt = timed_replay(um, a, trace)[0]
             rate = length / dt / 1e6
             tag = eviction + (" batch 256" if settings else "")
-            extra = "" if settings else vs_before((label, eviction), rate)
+            extra = "" if settings else vs_numpy((label, eviction), rate)
             print(f"  {tag:16s} {rate:7.1f} M accesses/s (faults {um.stats.faults / um.stats.accesses:.0%}){extra}")
 
 
@@ -115,7 +116,7 @@ def decode_cases(quick: bool) -> None:
             first, second = timed_replay(um, a, pages, repeat=2)
             rate = 2 * len(pages) / (first + second) / 1e6
             print(f"  {label:22s} device {device / GB:5.1f} GB: token 1 {first:5.2f} s, token 2 {second:5.2f} s = "
-                  f"{rate:6.1f} M accesses/s (faults {um.stats.faults:,}){vs_before((name, label), rate)}")
+                  f"{rate:6.1f} M accesses/s (faults {um.stats.faults:,}){vs_numpy((name, label), rate)}")
 
 
 def main(quick: bool) -> None:

@@ -1,5 +1,5 @@
 """Continuous batching against static batching (and chunked prefill) on the same trace, measured in one run
-(issue 14: continuous at least 2x the output tokens/s of static at a request rate where static queues).
+(goal: continuous at least 2x the output tokens/s of static at a request rate where static queues).
 
     python benchmarks/serving_batching.py [--n 600] [--repeats 6] [--max-num-seqs 32] [--fractions 0.5,1,2,inf]
 
@@ -10,8 +10,8 @@ figures are real compute times on this machine without sleeping. In each repeat 
 lockstep (Engine.replay, one step per next()), the next step always going to the replay furthest behind in its share
 of the trace's output tokens: they finish together, and a busy second of the machine slows the same share of every
 policy's work (run back to back, 10 s each, per-repeat ratios spread 1.6-2.9x on a noisy machine). The steps run on
-one thread and never overlap, so each step's measured time is its own (a thread per replay was tried and dropped:
-each thread had its own OpenMP team, whose spinning while idle slowed the other's steps). The tables show medians
+one thread and never overlap, so each step's measured time is its own (a thread per replay would give each thread
+its own OpenMP team, whose spinning while idle slows the other's steps). The tables show medians
 over `repeats`, the ratio is the median of the per-repeat ratios; the goal is met when enough repeats' ratios reach
 it (labkit.course.evidence.against_goal, the sign test: all 6 of 6, 12 of 15). Output tokens/s = output tokens /
 (last token - first arrival).

@@ -1,5 +1,5 @@
-"""The HTTP service against the in-process engine on the same requests, measured in one run (issue 27: 32
-concurrent streaming clients get at least 90% of the in-process engine's output tokens/s; issue 14 asked 80%).
+"""The HTTP service against the in-process engine on the same requests, measured in one run (goal: 32
+concurrent streaming clients get at least 90% of the in-process engine's output tokens/s).
 
     python benchmarks/serving_http.py [--clients 32] [--max-tokens 64] [--repeats 6] [--intervals 1 8]
                                       [--load openai httpx]

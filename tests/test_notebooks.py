@@ -136,7 +136,8 @@ def test_the_leak_check_sees_a_shown_reference_and_a_check_cell_that_defines_it(
     from labkit.tinylm import exercises as tiny
 
     def code(source, outputs=()):
-        return {"cell_type": "code", "source": source, "outputs": list(outputs), "metadata": {}, "execution_count": None}
+        return {"cell_type": "code", "source": source, "outputs": list(outputs),
+                "metadata": {}, "execution_count": None}
 
     shown = {"output_type": "stream", "name": "stdout", "text": __import__("inspect").getsource(tiny.param_counts)}
     exercise = code("def count_params(cfg):\n    ### BEGIN SOLUTION\n    return {}\n    ### END SOLUTION")

@@ -213,7 +213,7 @@ def compare_compile(model: TinyLM, prompt_tokens: int = 16, new_tokens: int = 48
         return _eager_only(loops["eager"], reason, base)
     from torch._inductor import metrics
     reference = loops["eager"]()
-    compile_blocks_apart()
+    compile_blocks_apart(model)
     torch._dynamo.reset()
     try:
         graphs, breaks = _explain(model, prompt)

@@ -10,7 +10,7 @@
 
 Why the parts and not `model.forward`: forward checks its input values (`tokens.min() < 0`), a data-dependent
 branch make_fx refuses; the parts are forward's own, called unchanged: model.rope, tok_emb, the blocks through
-labkit.tinylm.model.run_blocks (forward's loop, with a KVCache), norm, lm_head.
+model.run_blocks (the loop forward calls, labkit.tinylm.model.run_blocks, with a KVCache), norm, lm_head.
 The cache's k and v tensors are graph inputs: the step writes the new token's keys and values into them in
 place (aten.copy_ into a slice), so run a captured graph on copies (Decode.fresh_inputs) to repeat it.
 A graph is specialised to its `cached` length: the rotary positions, the cache slot copy_ writes and the
@@ -39,7 +39,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._checks import check_int, check_positive_int, check_type, fail
-from ..tinylm import KVCache, TinyLM, run_blocks
+from ..tinylm import KVCache, TinyLM
 
 KINDS = ("matmul", "attention", "pointwise", "reduction", "view", "copy", "other")
 ANCHORS = ("matmul", "attention")  # library kernels: fusion stops at them
@@ -103,7 +103,7 @@ def capture_decode(model: TinyLM, cached: int = 16, batch: int = 1, seed: int = 
     def step(tokens, k, v):
         shell.k, shell.v, shell.length = k, v, cached
         cos, sin, start = model.rope(tokens, shell)
-        x = run_blocks(model.layers, model.tok_emb(tokens), cos, sin, shell, start)  # forward's own loop
+        x = model.run_blocks(model.layers, model.tok_emb(tokens), cos, sin, shell, start)  # forward's own loop
         return model.lm_head(model.norm(x))
 
     with torch.no_grad():

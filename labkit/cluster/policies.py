@@ -128,7 +128,7 @@ class LeastOutstanding(Policy):
     recently (never chosen first), then registration order. So ties rotate (sequential clients alternate),
     and a replica that rejoins, with a new id and nothing routed, gets its turn and no more; a tie broken by
     the least routed would send it everything until it caught up. `last` maps an id to the count of choices
-    when it was last chosen (ids no longer offered are forgotten once there are many)."""
+    when it was last chosen (ids absent from the replicas offered are forgotten once there are many)."""
     name = "least_outstanding"
 
     def __init__(self):

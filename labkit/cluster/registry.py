@@ -24,8 +24,9 @@ days does not grow without bound).
 
 Bad arguments raise TypeError / ValueError by name (labkit._checks), the name being the HTTP body's field
 ("url", "model", "load", "running", "waiting"): the router answers them with
-labkit.serving.protocol.refusal(error) (a 400 naming that field). State conflicts raise RegistryError with the HTTP status the router sends: 404 an unknown id, 409 a url
-already registered. Not thread-safe: the router calls it from one asyncio loop.
+labkit.serving.protocol.refusal(error) (a 400 naming that field). State conflicts raise RegistryError with the HTTP
+status the router sends: 404 an unknown id, 409 a url already registered. Not thread-safe: the router calls it from
+one asyncio loop.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@
     POST /replicas, POST /replicas/{id}/heartbeat, DELETE /replicas/{id}   discovery (labkit.serving.register)
     GET  /replicas                               the registry as JSON (replicas, their events, the timeout)
     GET  /metrics                                Prometheus text, "labkit_router:..." (labkit.cluster.counters)
-    GET  /openapi.json                           these routes, FastAPI's generated schema (no /docs page)
+    GET  /openapi.json                           these routes, FastAPI's generated schema with every status each
+                                                 answers and the replicas' request bodies (no /docs page)
 
 Forwarding a request (client -> router -> replica):
 
@@ -23,7 +24,8 @@ Forwarding a request (client -> router -> replica):
                                                     v      after which a failure ends it in-band:
                                        data: {"error": {...}}  then  data: [DONE]      (never a hang)
 
-A POST whose Content-Type is not application/json is refused here with the replicas' 415 (never forwarded).
+A POST whose Content-Type is not application/json is refused here with the replicas' 415 (never forwarded); a
+method a path does not serve is a 405 whose `Allow` lists those it does (labkit.serving.protocol).
 Every replica failing is a 503 naming what each said; no healthy replica a 503; a model no replica serves a 404
 model_not_found. A background task calls registry.expire() every `expire_interval` s and cancels the in-flight
 forwards of each removed replica (handled as above: retried, or ended in-band). The counters always satisfy
@@ -39,8 +41,7 @@ import time
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
-from starlette.exceptions import HTTPException
+from fastapi.responses import PlainTextResponse
 
 from .._checks import check_int, check_positive, check_type, fail
 from ..serving import protocol
@@ -52,6 +53,7 @@ from .registry import Registry, RegistryError
 
 log = logging.getLogger("labkit.cluster")
 APIError = protocol.APIError
+
 
 class Router:
     """Routing state: the `registry` (who is up), the `policy` (who gets the next request; it may be swapped
@@ -184,26 +186,37 @@ class Router:
         return metrics_text(self.stats(), self.registry.replicas())
 
 
-def _error(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
-
-
-def _registry_error(error: RegistryError) -> JSONResponse:
-    code = {400: "invalid_value", 404: "not_found", 409: "conflict"}.get(error.status, "invalid_request_error")
-    return _error(APIError(error.status, error.message, error.param, code))
-
-
 async def _json(request: Request, required: bool = True) -> tuple[bytes, dict]:
     """The request's body as sent and as a JSON object (a 400 when it is not one; {} when empty and optional)."""
     raw = await request.body()
     return raw, (protocol.parse_body(raw) if raw.strip() or required else {})
 
 
+ROUTER_ERRORS = {500: "an unexpected error (its traceback goes to the router's log, never to the client)"}
+GENERATION_ERRORS = {
+    400: "a body that is not a JSON object or has no string model, or a replica's 400 passed on",
+    404: "a model no replica serves (code model_not_found), or a replica's 404 passed on",
+    413: "a replica's 413 (a body larger than it takes) passed on",
+    415: "a Content-Type other than application/json (refused here, as a replica refuses it)",
+    503: "no healthy replica serves the model, or every replica tried failed (codes no_healthy_replica, "
+         "all_replicas_failed, router_stopping)"}
+
+
 def make_router_app(router: Router) -> FastAPI:
     """The router's FastAPI app (serve it with labkit.serving.ServerThread)."""
     check_type("router", router, Router, "a labkit.cluster.router.Router")
-    registry = router.registry
+    app = FastAPI(title="labkit router", docs_url=None, redoc_url=None, lifespan=_lifespan(router),
+                  responses=protocol.error_answers(ROUTER_ERRORS))  # /openapi.json only
+    _error_handlers(app)
+    _status_routes(app, router)
+    _discovery_routes(app, router)
+    _generation_routes(app, router)
+    protocol.publish(app)
+    return app
 
+
+def _lifespan(router: Router):
+    """The app's lifespan: the router's client and expiry task run while it serves."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await router.start()
@@ -211,26 +224,31 @@ def make_router_app(router: Router) -> FastAPI:
             yield
         finally:
             await router.stop()
+    return lifespan
 
-    app = FastAPI(title="labkit router", docs_url=None, redoc_url=None, lifespan=lifespan)  # /openapi.json only
-    created = int(time.time())
 
-    async def refused(request, exc: APIError | RegistryError):  # OpenAI's error body, the status they carry
-        return _registry_error(exc) if isinstance(exc, RegistryError) else _error(exc)
-    app.add_exception_handler(APIError, refused)
-    app.add_exception_handler(RegistryError, refused)
+def _error_handlers(app: FastAPI) -> None:
+    """OpenAI's error body for every error: protocol's handlers, a RegistryError's status, and a 500 for anything
+    unexpected (logged, never sent)."""
+    protocol.add_error_handlers(app)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request, exc: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code))
+    @app.exception_handler(RegistryError)
+    async def registry_error(request, exc: RegistryError):
+        code = {400: "invalid_value", 404: "not_found", 409: "conflict"}.get(exc.status, "invalid_request_error")
+        return protocol.error_response(APIError(exc.status, exc.message, exc.param, code))
 
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
         log.error("unexpected error serving %s", request.url.path, exc_info=exc)
-        return _error(APIError(500, "internal server error", type="server_error", code="internal_error"))
+        return protocol.error_response(APIError(500, "internal server error", type="server_error",
+                                                code="internal_error"))
 
-    @app.get("/health")
+
+def _status_routes(app: FastAPI, router: Router) -> None:
+    """GET /health, /v1/models and /metrics."""
+    registry, created = router.registry, int(time.time())
+
+    @app.get("/health", responses=protocol.error_answers({503: "no healthy replica (code no_healthy_replica)"}))
     async def health():
         n = len(registry.healthy())
         if not n:
@@ -242,9 +260,17 @@ def make_router_app(router: Router) -> FastAPI:
         return {"object": "list", "data": [{"id": m, "object": "model", "created": created, "owned_by": "labkit"}
                                            for m in registry.models()]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
         return PlainTextResponse(router.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _discovery_routes(app: FastAPI, router: Router) -> None:
+    """The replicas' side of discovery (labkit.serving.register): register, heartbeat, deregister; and the
+    registry as JSON."""
+    registry = router.registry
+    bad = {400: "a body that is not a JSON object, or a field of the wrong type or value (`param` names it)"}
+    unknown = {404: "an unknown replica id, or one registered with another url"}
 
     @app.get(discovery.REGISTER_PATH)
     async def replicas():
@@ -252,7 +278,8 @@ def make_router_app(router: Router) -> FastAPI:
                 "data": [r.to_dict() for r in registry.replicas()],
                 "events": [{"time": e.time, "kind": e.kind, "id": e.id, "detail": e.detail} for e in registry.events]}
 
-    @app.post(discovery.REGISTER_PATH, status_code=201)
+    @app.post(discovery.REGISTER_PATH, status_code=201,
+              responses=protocol.error_answers({**bad, 409: "the url is registered already"}))
     async def register(request: Request):
         _, body = await _json(request)
         for field in ("url", "model"):
@@ -265,7 +292,7 @@ def make_router_app(router: Router) -> FastAPI:
         return {"id": replica.id, "heartbeat_interval": router.heartbeat_interval,
                 "heartbeat_timeout": registry.heartbeat_timeout}
 
-    @app.post(discovery.heartbeat_path("{replica_id}"))
+    @app.post(discovery.heartbeat_path("{replica_id}"), responses=protocol.error_answers({**bad, **unknown}))
     async def heartbeat(replica_id: str, request: Request):
         _, body = await _json(request, required=False)
         try:
@@ -275,12 +302,24 @@ def make_router_app(router: Router) -> FastAPI:
             raise protocol.refusal(e) from None
         return {"id": replica.id, "state": replica.state}
 
-    @app.delete(discovery.replica_path("{replica_id}"))
+    @app.delete(discovery.replica_path("{replica_id}"), responses=protocol.error_answers(unknown))
     async def deregister(replica_id: str, url: str | None = None):
         replica = registry.deregister(replica_id, url)
         return {"id": replica.id, "deregistered": True}
 
-    async def generate(request: Request, path: str):
+
+def _generation_routes(app: FastAPI, router: Router) -> None:
+    """POST /v1/completions and /v1/chat/completions, forwarded to the replica's same path (labkit.cluster
+    .forward); documented with the replicas' request bodies, which the replicas check."""
+    responses = {**protocol.SSE_OK, **protocol.error_answers(GENERATION_ERRORS), **protocol.CLIENT_LEFT}
+    for path, kind in (("/completions", "completion"), ("/chat/completions", "chat")):
+        app.post("/v1" + path, openapi_extra=protocol.request_schema(kind), responses=responses,
+                 name=kind)(_forwarder(router, path))
+
+
+def _forwarder(router: Router, path: str):
+    """The handler forwarding to `path`: one Ticket per request, resolved whatever happens."""
+    async def handler(request: Request):
         ticket = router.ticket()
         handed_off = False
         try:
@@ -292,17 +331,8 @@ def make_router_app(router: Router) -> FastAPI:
             return response
         except APIError as e:
             ticket.resolve("refused" if e.status < 500 else "failed", e.message)
-            return _error(e)
+            return protocol.error_response(e)
         finally:
             if not handed_off:  # cancelled, or an unexpected error: still accounted for
                 ticket.resolve("failed", "the request ended unexpectedly")
-
-    def endpoint(path: str):
-        async def handler(request: Request):
-            return await generate(request, path)
-        return handler
-
-    for path in ("/completions", "/chat/completions"):  # forwarded to the replica's same path
-        app.post("/v1" + path)(endpoint(path))
-    return app
-
+    return handler

@@ -1,5 +1,6 @@
 """The course machinery every notebook uses: exercise checks, student versions, the environment check
-and set-up, timing, the rule for a measured direction (evidence), tables and fact-check verdicts. Bottom layer: imports only labkit's own helpers."""
+and set-up, timing, the rule for a measured direction (evidence), tables and fact-check verdicts. Bottom layer:
+imports only labkit's own helpers."""
 
 from . import check, display, env, evidence, timing  # classroom: python -m labkit.course.classroom (not imported here)
 from .check import Exercise

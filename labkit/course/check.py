@@ -9,7 +9,7 @@ a test that proves each reference passes its own check both use them:
 prints one of
 
     [PASS] count_params matches the reference on 1 fixed and 20 random cases.
-    [FAIL] count_params(TinyLMConfig(...)) returned {...}; expected {...}.
+    [FAIL] count_params(TinyLMConfig(...)) returned 11, not the answer for this case.
     [TODO] count_params: not implemented yet; the notebook goes on with the reference implementation.
 
 and returns the function the rest of the notebook should use: the learner's when it passes, the
@@ -135,8 +135,13 @@ def _first_difference(got, expected) -> str:
             f"{int((~close).sum())} of {close.size} elements differ)")
 
 
+def _article(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
 def difference(got: Any, expected: Any) -> str:
-    """Where `got` first differs from `expected`, in words (for the [FAIL] line)."""
+    """Where `got` first differs from `expected`, in words (for the [FAIL] line). A single number or string is
+    never shown: it would be the exercise's answer for that case; a tensor's first differing element is."""
     if isinstance(expected, dict) and isinstance(got, dict):
         if set(got) != set(expected):
             return f"keys {sorted(map(str, got))}, expected keys {sorted(map(str, expected))}"
@@ -152,7 +157,9 @@ def difference(got: Any, expected: Any) -> str:
         return _first_difference(got, expected)
     if type(got) is not type(expected) and not (isinstance(got, (int, float)) and isinstance(expected, float)
                                                  and not isinstance(got, bool)):  # 32768.0 for an int is named
-        return f"{_short(got)} ({type(got).__name__}), expected {_short(expected)} ({type(expected).__name__})"
+        return f"{_short(got)} ({type(got).__name__}), expected {_article(type(expected).__name__)}"
+    if isinstance(expected, (bool, int, float, str, np.generic)) or expected is None:
+        return f"{_short(got)}, not the answer for this case"
     return f"{_short(got)}, expected {_short(expected)}"
 
 

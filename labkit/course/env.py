@@ -21,7 +21,7 @@ def setup(min_version: str = "0.1.0", seed: int = 0, threads: int | None = 1) ->
     the machine on every core (01's roofline, 03's INT4 matmul, which also times one thread itself).
     Why one: TinyLM's matmuls are far too small to split, and a split kernel waits at every step for its
     slowest thread. On a 2-core laptop busy with other work, lab 05's TinyLM generated 8-10 tokens/s on
-    torch's 2 threads against about 200 on one (issue 25)."""
+    torch's 2 threads against about 200 on one."""
     import matplotlib
     import numpy as np
     import torch

@@ -127,80 +127,98 @@ def _verdict(check: labs.Check, k: int, records: list[dict], reply: dict, limit:
                                "(was check.exercise replaced by an earlier cell?)")
 
 
+class _Kernel:
+    """One notebook's kernel through nbclient: runs the notebook's cells, and the grader's own code between them
+    as hidden cells; each run's execute reply is the result."""
+
+    def __init__(self, nb, work: str):
+        from nbclient import NotebookClient
+        self.nb, self.replies = nb, []
+        self.client = NotebookClient(
+            nb, km=_kernel_manager(work), allow_errors=True, interrupt_on_timeout=True, shutdown_kernel="immediate",
+            error_on_timeout={"ename": TIMEOUT, "evalue": "timed out", "traceback": []},
+            resources={"metadata": {"path": work}},
+            on_cell_executed=lambda cell, cell_index, execute_reply: self.replies.append(execute_reply["content"]))
+
+    def run(self, cell, index: int, limit: int) -> dict:
+        self.client.timeout = limit
+        self.replies.clear()
+        self.client.execute_cell(cell, index)
+        return self.replies[-1] if self.replies else {"status": "ok"}
+
+    def hidden(self, code: str, limit: float) -> dict:
+        import nbformat
+        self.nb.cells.append(nbformat.v4.new_code_cell(code))
+        try:
+            return self.run(self.nb.cells[-1], len(self.nb.cells) - 1, limit)
+        finally:
+            self.nb.cells.pop()
+
+
+def _run_cells(kernel: _Kernel, plan: list, result: Result, pending: set[str], nonce: str, timeout: float,
+               deadline: float, cell_timeout: float) -> str:
+    """Run the notebook's code cells in order, grading the check cells among them into `result`; the reason the
+    run stopped early ("" if it did not). The notebook's `timeout` (seconds) ends at `deadline`, a value of
+    time.monotonic()."""
+    from nbclient.exceptions import DeadKernelError
+
+    for i, cell, lab_cell in plan:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return f"the notebook's time limit ({timeout:g} s) ran out before cell {i + 1}"
+        limit = max(1, math.ceil(min(cell_timeout, left)))
+        try:
+            reply = kernel.run(cell, i, limit)
+        except DeadKernelError:
+            return f"the kernel died in cell {i + 1}"
+        if reply.get("ename") == TIMEOUT:
+            result.problems.append(f"cell {i + 1} timed out after {limit} s and was interrupted")
+        elif reply.get("status") == "error":
+            result.notes.append(f"cell {i + 1} raised {reply.get('ename')}: {reply.get('evalue')}")
+        if lab_cell:
+            records = _records(cell, nonce)
+            for k, chk in enumerate(lab_cell.checks):
+                result.verdicts[chk.exercise] = _verdict(chk, k, records, reply, limit)
+                pending.discard(chk.exercise)
+            fallback = "\n".join(c.fallback for c in lab_cell.checks if c.fallback)
+            if reply.get("status") == "error" and fallback:
+                kernel.hidden(fallback, max(1, math.ceil(min(cell_timeout, 60))))
+        cell.outputs = []  # only the verdicts are kept: a chatty notebook does not fill memory
+        kernel.client.clear_display_id_mapping(i)
+    return ""
+
+
 def grade_notebook(nb: dict, lab: Lab, cell_timeout: float = 300, timeout: float = 1800) -> Result:
     """Run notebook `nb` (nbformat 4 as a dict) in a fresh kernel and grade lab `lab`'s exercises.
     cell_timeout and timeout are seconds, per cell and for the whole notebook."""
     import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
 
     check_type("nb", nb, dict)
     check_type("lab", lab, Lab)
     check_positive("cell_timeout", cell_timeout)
     check_positive("timeout", timeout)
     start = time.monotonic()
+    deadline = start + timeout
     nb = nbformat.reads(json.dumps(nb), as_version=4)  # a copy, with every source as one string
     result = Result(lab.name, {ex: Verdict("TAMPERED", EDITED) for ex in lab.exercises})
     by_code = {cell.code: cell for cell in lab.cells}
     plan = [(i, cell, by_code.get(labs.cell_code(labs.source_of(cell))))
             for i, cell in enumerate(nb.cells) if cell.get("cell_type") == "code"]
     pending = {c.exercise for _, _, lab_cell in plan if lab_cell for c in lab_cell.checks}
-    nonce, replies = secrets.token_hex(16), []
+    nonce = secrets.token_hex(16)
     env = {**os.environ, **NO_NETWORK, sandbox.ENV_NONCE: nonce, sandbox.ENV_EXERCISES: labs.dumps_exercises(lab),
            sandbox.ENV_NETNS: "1" if isolation() else "0"}
     stop = "the grader could not start the notebook's kernel"
     with tempfile.TemporaryDirectory(prefix="labkit-grade-") as work:
-        client = NotebookClient(
-            nb, km=_kernel_manager(work), allow_errors=True, interrupt_on_timeout=True, shutdown_kernel="immediate",
-            error_on_timeout={"ename": TIMEOUT, "evalue": "timed out", "traceback": []},
-            resources={"metadata": {"path": work}},
-            on_cell_executed=lambda cell, cell_index, execute_reply: replies.append(execute_reply["content"]))
-
-        def run(cell, index: int, limit: int) -> dict:
-            client.timeout = limit
-            replies.clear()
-            client.execute_cell(cell, index)
-            return replies[-1] if replies else {"status": "ok"}
-
-        def hidden(code: str, limit: float) -> dict:  # the grader's own code, run between the notebook's cells
-            nb.cells.append(nbformat.v4.new_code_cell(code))
-            try:
-                return run(nb.cells[-1], len(nb.cells) - 1, limit)
-            finally:
-                nb.cells.pop()
-
+        kernel = _Kernel(nb, work)
         try:
-            with client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
-                left = timeout - (time.monotonic() - start)
-                setup = hidden(SETUP, max(1, math.ceil(min(left, max(cell_timeout, 120)))))
+            with kernel.client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+                left = deadline - time.monotonic()
+                setup = kernel.hidden(SETUP, max(1, math.ceil(min(left, max(cell_timeout, 120)))))
                 if setup.get("status") != "ok":
                     raise RuntimeError(f"{setup.get('ename')}: {setup.get('evalue')}")
                 stop = ""
-                for i, cell, lab_cell in plan:
-                    left = timeout - (time.monotonic() - start)
-                    if left <= 0:
-                        stop = f"the notebook's time limit ({timeout:g} s) ran out before cell {i + 1}"
-                        break
-                    limit = max(1, math.ceil(min(cell_timeout, left)))
-                    try:
-                        reply = run(cell, i, limit)
-                    except DeadKernelError:
-                        stop = f"the kernel died in cell {i + 1}"
-                        break
-                    if reply.get("ename") == TIMEOUT:
-                        result.problems.append(f"cell {i + 1} timed out after {limit} s and was interrupted")
-                    elif reply.get("status") == "error":
-                        result.notes.append(f"cell {i + 1} raised {reply.get('ename')}: {reply.get('evalue')}")
-                    if lab_cell:
-                        records = _records(cell, nonce)
-                        for k, chk in enumerate(lab_cell.checks):
-                            result.verdicts[chk.exercise] = _verdict(chk, k, records, reply, limit)
-                            pending.discard(chk.exercise)
-                        fallback = "\n".join(c.fallback for c in lab_cell.checks if c.fallback)
-                        if reply.get("status") == "error" and fallback:
-                            hidden(fallback, max(1, math.ceil(min(cell_timeout, 60))))
-                    cell.outputs = []  # only the verdicts are kept: a chatty notebook does not fill memory
-                    client.clear_display_id_mapping(i)
+                stop = _run_cells(kernel, plan, result, pending, nonce, timeout, deadline, cell_timeout)
         except Exception as e:  # the kernel could not start, or the set-up cell failed
             stop = stop or "the grader lost the notebook's kernel"
             result.problems.append(f"{stop}: {type(e).__name__}: {e}")

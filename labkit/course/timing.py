@@ -35,6 +35,10 @@ class Timing:
         """(slowest - fastest) / median: above ~0.5 the machine was busy while it measured."""
         return (max(self.times) - min(self.times)) / self.median if self.median > 0 else 0.0
 
+    def spread_words(self) -> str:
+        """"spread 12%" for a line of figures, or "1 sample" where there is no spread to tell."""
+        return f"spread {self.spread:.0%}" if len(self.times) > 1 else "1 sample"
+
 
 def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, calls: int = 1, bar=None) -> Timing:
     """Time `fn()`: `warmup` untimed calls, then `repeats` timings of `calls` calls each (seconds per call).

@@ -229,7 +229,8 @@ class _Replay:
         self.mem, self.events, self.peak, self.full = allocator.ContiguousAllocator(capacity, policy), [], 0, False
 
     def _log(self, op: str, name: str, offset: int, size: int) -> None:
-        self.events.append(AllocEvent(len(self.events), op, name, offset, size, self.mem.free_bytes, self.mem.largest_hole))
+        self.events.append(AllocEvent(len(self.events), op, name, offset, size,
+                                      self.mem.free_bytes, self.mem.largest_hole))
 
     def alloc(self, name: str, size: int):
         """The block, or None (and `full` set) when no hole fits."""

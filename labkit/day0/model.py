@@ -111,7 +111,8 @@ class VisionTower(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         c, s, p = self.cfg.num_channels, self.cfg.image_size, self.cfg.patch_size
         n, g = pixels.shape[0], s // p
-        patches = pixels.reshape(n, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(n, g * g, c * p * p)  # [n, P, C*p*p], row-major patches
+        # [n, P, C*p*p], row-major patches
+        patches = pixels.reshape(n, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(n, g * g, c * p * p)
         x = self.patch_embed(patches) + self.pos_emb
         for block in self.layers:
             x = block(x)

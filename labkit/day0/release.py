@@ -15,10 +15,8 @@ naming the file, tensor or config field: before any rank has read a byte of weig
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +24,9 @@ import torch
 from safetensors.torch import save_file
 
 from .._checks import check_type, fail, is_int
+from ..tinylm import SAFETENSORS_DTYPES as DTYPES
+from ..tinylm import HeaderError, TensorInfo
+from ..tinylm import read_header as read_safetensors_header
 from .config import TinyVLMConfig
 from .model import TinyVLM, tp_plan
 
@@ -33,9 +34,7 @@ CONFIG, INDEX, CARD, SINGLE = "config.json", "model.safetensors.index.json", "RE
 SHARD = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
 UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,  # huggingface_hub's parse_size_to_int (decimal)
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # binary units, as transformers also reads them
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 CODES = {v: k for k, v in DTYPES.items()}
-MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header (bytes)
 
 
 class ReleaseError(ValueError):
@@ -81,21 +80,6 @@ def split_into_shards(sizes: dict[str, int], max_shard_size: int | str) -> list[
 def shard_files(k: int) -> list[str]:
     """File names of a release in k shards (huggingface_hub's pattern)."""
     return [SINGLE] if k == 1 else [f"model-{i:05d}-of-{k:05d}.safetensors" for i in range(1, k + 1)]
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Where one tensor lies: its file (in the release folder), dtype (safetensors' code, "F32"), shape, the
-    absolute byte offset of its data in the file and its size in bytes."""
-    file: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    nbytes: int
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -173,45 +157,12 @@ def write_release(state: dict, config, folder, max_shard_size: int | str = "1MB"
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Every tensor of one safetensors file from its header alone (no tensor data read). ReleaseError naming
-    the file for a missing, truncated or corrupted one (bad JSON, a bad entry, offsets out of range)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ReleaseError(f"{path.name}: the shard is missing from {path.parent}")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 2 <= n <= min(MAX_HEADER, size - 8):
-            raise ReleaseError(f"{path.name}: corrupted or truncated: header length {n} in a file of {size} bytes")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ReleaseError(f"{path.name}: corrupted header: not valid JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise ReleaseError(f"{path.name}: corrupted header: a JSON {type(header).__name__}, expected an object")
-    header.pop("__metadata__", None)
-    out, data = {}, 8 + n
-    for name, e in header.items():
-        ok = isinstance(e, dict) and e.get("dtype") in DTYPES and isinstance(e.get("shape"), list) \
-            and all(is_int(s) and s >= 0 for s in e["shape"]) and isinstance(e.get("data_offsets"), list) \
-            and len(e["data_offsets"]) == 2 and all(is_int(o) for o in e["data_offsets"])
-        if not ok:
-            raise ReleaseError(f"{path.name}: corrupted header entry for tensor {name!r}: {str(e)[:120]}")
-        begin, end = e["data_offsets"]
-        nbytes = math.prod(e["shape"]) * DTYPES[e["dtype"]].itemsize
-        if begin < 0 or end - begin != nbytes:
-            raise ReleaseError(f"{path.name}: tensor {name!r} has data_offsets {[begin, end]}, expected "
-                               f"{nbytes} bytes for {e['dtype']} {e['shape']}")
-        out[name] = TensorInfo(path.name, e["dtype"], tuple(e["shape"]), data + begin, nbytes)
-    spans = sorted((t.start, t.start + t.nbytes, name) for name, t in out.items())
-    for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
-        if begin < end:
-            raise ReleaseError(f"{path.name}: tensors {a!r} and {b!r} overlap (corrupted data_offsets)")
-    if spans and spans[-1][1] > size:
-        raise ReleaseError(f"{path.name}: truncated, or data_offsets out of range: tensor {spans[-1][2]!r} ends at "
-                           f"byte {spans[-1][1]}, the file has {size} bytes")
-    return out
+    """Every tensor of one shard from its header alone (labkit.tinylm.read_header); ReleaseError naming the file
+    for a missing, truncated or corrupted one."""
+    try:
+        return read_safetensors_header(path)[0]
+    except HeaderError as e:
+        raise ReleaseError(str(e)) from None
 
 
 def expected_shapes(config, plan: dict[str, str] | None = None) -> dict[str, tuple[int, ...]]:

@@ -22,10 +22,10 @@
     /health 200 "ready"; image features go down the pipe inside AddRequest (by value), tokens come back in Outputs
 
 tp = 1 needs no ranks: the decoder is rank 0 of 1 (every slice the whole tensor, the same arena), in this
-process (the engine process). The activation reserve is the footprint's (labkit.day0.plan): planned room, which PyTorch's CPU
-allocator does not use (it allocates activations itself); on a device the arena would be all there is. A rank that
-fails to load (a truncated shard, ...) raises RankError naming the rank and the cause; the Pool has ended the
-group (no rank outlives it), the engine process says Failed with that error, /health says "failed", and
+process (the engine process). The activation reserve is the footprint's (labkit.day0.plan): planned room, which
+PyTorch's CPU allocator does not use (it allocates activations itself); on a device the arena would be all there
+is. A rank that fails to load (a truncated shard, ...) raises RankError naming the rank and the cause; the Pool has
+ended the group (no rank outlives it), the engine process says Failed with that error, /health says "failed", and
 `python -m labkit.serving` exits with code 1.
 check_release runs first, in parse_args: config.json parses, the folder is a release and --tp divides the
 decoder (exit 2 otherwise); the shards themselves are read by the ranks.

@@ -35,8 +35,8 @@ from .model import TinyVLM
 
 RELEASE = DATA / "tinyvlm"
 RECIPE = dict(steps=1400, text_batch=12, image_batch=48, lr=1e-3, decoder_lr=3e-4, min_lr_ratio=0.05, warmup=50,
-              weight_decay=0.05, grad_clip=1.0, train_bytes=4_000_000, image_pool=24_000, digit_share=0.5, task_batch=32, task_pool=30_000,
-              seed=0,
+              weight_decay=0.05, grad_clip=1.0, train_bytes=4_000_000, image_pool=24_000, digit_share=0.5,
+              task_batch=32, task_pool=30_000, seed=0,
               max_shard_size="1MB")
 
 
@@ -156,7 +156,8 @@ def train(steps: int = RECIPE["steps"], seed: int = RECIPE["seed"], **overrides)
 def model_card(cfg: TinyVLMConfig, meta: dict, quality: dict, baseline: dict) -> str:
     """The release's README.md: what the model is, how it was trained, what it scores."""
     img = "\n".join(f"| {k} | {v:.1%} |" for k, v in quality["image"].items())
-    txt = "\n".join(f"| {k} | {v:.1%} | {baseline['accuracy'][k]:.1%} |" for k, v in quality["text"]["accuracy"].items())
+    txt = "\n".join(f"| {k} | {v:.1%} | {baseline['accuracy'][k]:.1%} |"
+                    for k, v in quality["text"]["accuracy"].items())
     return f"""# TinyVLM model card
 
 The model the course releases for its capstone (notebook 07): a small vision-language model in the LLaVA-1.5
@@ -170,7 +171,8 @@ reads its own slices) or whole in one process with `labkit.day0.load_model` (the
 - Decoder: TinyLM (Llama-style, byte-level) with **QK-norm** (RMSNorm of each head's q and k before RoPE); the
   vocabulary is 264 ids: 256 bytes, the image placeholder {cfg.image_token_id}, 7 reserved.
 - Prompt format: {cfg.tokens_per_image} placeholder ids per image, then the question: `colour=`, `shape=`,
-  `count=` (shape scenes) or `digit=` (digit scenes); the model answers and ends with a newline. In chat, a message's parts are concatenated in order.
+  `count=` (shape scenes) or `digit=` (digit scenes); the model answers and ends with a newline. In chat, a \
+message's parts are concatenated in order.
 - Initialised from TinyLM (data/tinylm) and trained on three streams per step: TinyLM's corpus with
   TinyLM as the teacher, TinyLM's tasks from the train split, and the image questions (see
   labkit/day0/train.py); recipe {json.dumps(meta["recipe"])}.

@@ -6,9 +6,9 @@ linear layers, blockwise 8-bit and paged optimizer states, ZeRO stage 1 on real 
     checkpointing  checkpointed_loss, checkpoint_sweep, sqrt_rule
     lora           LoRALinear, FrozenBase (FP32 / BF16 / NF4 / INT4), add_lora, merge, unmerge
     train          the new task's batches, fine_tune, evaluate (held-out accuracy and forgetting)
-    optim8bit      dynamic codebooks, quantize_blockwise, AdamW8bit            paged   replay_paged_states
-    zero           ZeRO-1 workers for labkit.parallel.Pool, torch's ZeroRedundancyOptimizer, compare_zero
-    factcheck      laptops, QLoRA's 65B on 48 GB                                explore the calculator widget
+    optim8bit      dynamic codebooks, quantize_blockwise, AdamW8bit     paged   StepOrder, replay_paged_states
+    zero           ZeroOne (ZeRO-1 over any optimizer), workers for labkit.parallel.Pool, compare_zero
+    factcheck      laptops, QLoRA's 65B on 48 GB                        explore the calculator widget
 """
 
 from . import checkpointing, exercises, explore, factcheck, lora, memory, optim8bit, paged, train, zero

@@ -1,5 +1,6 @@
 """Activation checkpointing on TinyLM's blocks (notebook 09, section 2): torch.utils.checkpoint keeps only a
-checkpointed block's input and runs its forward again during backward.
+checkpointed block's input and runs its forward again during backward. TinyLM's own loop (labkit.tinylm.model
+run_blocks) calls it around the blocks model.checkpoint_every picks, as transformers calls it around each layer.
 
     every = 1   [ckpt][ckpt][ckpt][ckpt]     least memory: one block's inputs kept, every block recomputed
     every = 2   [ckpt][ -- ][ckpt][ -- ]     blocks 0 and 2 recomputed, 1 and 3 keep their activations
@@ -14,31 +15,26 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from .._checks import check_int, check_positive_int
-from ..tinylm import check_tinylm
-from .memory import lm_loss, next_token_loss
+from .._checks import check_int, check_positive_int, check_type
+from ..tinylm import TinyLM
+from .memory import lm_loss
 
 
 def checkpointed_loss(every: int):
-    """A forward(model, tokens, mask=None) -> loss (memory.lm_loss's) that checkpoints block i when every > 0
-    and i % every == 0. every = 0 checkpoints nothing."""
+    """A forward(model, tokens, mask=None) -> loss (memory.lm_loss's) that runs TinyLM's own forward with
+    model.checkpoint_every = every (block i checkpointed when every > 0 and i % every == 0; 0: none), then
+    gives the model back its own setting."""
     check_int("every", every, 0)
 
     def forward(model, tokens: torch.Tensor, mask=None) -> torch.Tensor:
-        check_tinylm(model)
-        if every == 0:
+        check_type("model", model, TinyLM, "a TinyLM (its forward runs the blocks through run_blocks)")
+        kept = model.checkpoint_every
+        model.checkpoint_every = every
+        try:
             return lm_loss(model, tokens, mask)
-        x_tokens = tokens[:, :-1]
-        cos, sin, _ = model.rope(x_tokens, None)
-        x = model.tok_emb(x_tokens)
-        for i, block in enumerate(model.layers):
-            if i % every == 0:
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
-            else:
-                x = block(x, cos, sin)
-        return next_token_loss(model.lm_head(model.norm(x)), tokens, mask)
+        finally:
+            model.checkpoint_every = kept
 
     return forward
 
@@ -56,7 +52,7 @@ def checkpoint_sweep(model, tokens: torch.Tensor, everies=(0, 4, 2, 1), repeats:
     from ..course import interleave
     from .memory import measure_step
 
-    check_tinylm(model)
+    check_type("model", model, TinyLM, "a TinyLM (its forward runs the blocks through run_blocks)")
     check_positive_int("repeats", repeats)
     n = model.cfg.n_layers
     rows, fns = [], {}

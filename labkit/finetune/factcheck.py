@@ -15,7 +15,9 @@ from .memory import METHODS, training_memory
 
 LAPTOPS_GB = (24, 64, 128)
 LAPTOP_FLOPS = device("m2-ultra").peak_flops["fp32"]
-"""The compute ceiling assumed for a laptop: the M2 Ultra's GPU, 27.2 TFLOP/s (a desktop chip: an upper bound)."""
+"""The compute assumed for a unified-memory machine: the M2 Ultra's GPU, 27.2 TFLOP/s FP32, the course's own count
+from its cores and clock (data/hardware.json; Apple publishes no figure). A desktop chip; laptops with a discrete
+GPU exceed it."""
 
 LLAMA_65B = ModelSpec(name="llama-65b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=64, d_ff=22016,
                       vocab_size=32000, context=2048, mlp="swiglu", norm="rmsnorm", bias=False,
@@ -44,7 +46,8 @@ def laptop_rows(models: tuple[str, ...] = ("llama-2-7b", "llama-3-70b", "deepsee
             total = training_memory(spec, method, tokens, rank, checkpointing)["total"]
             fits = [gb for gb in LAPTOPS_GB if total <= gb * 1e9]
             rows.append({"model": name, "method": method, "GB": total / 1e9,
-                         "fits in": f"{fits[0]} GB+" if fits else "none", "tokens/s ceiling": tokens_per_s(spec, method)})
+                         "fits in": f"{fits[0]} GB+" if fits else "none",
+                         "tokens/s ceiling": tokens_per_s(spec, method)})
     return rows
 
 

@@ -38,12 +38,23 @@ ACT_BYTES_PER_D = 34         # Korthikanti et al. 2022: bytes per token per laye
 CHECKPOINTED_BYTES_PER_D = 2  # full recomputation: one 16-bit layer input per token per layer
 
 
-def adapter_params(spec, rank: int) -> int:
-    """LoRA parameters of rank `rank` on every linear of linear_layers(spec) except the embedding and a tied head."""
-    check_positive_int("rank", rank)
+def adapted_linears(spec) -> list:
+    """The linears of linear_layers(spec) that get LoRA adapters: all but the embedding and a tied head."""
     tied = getattr(spec, "tied_embeddings", getattr(spec, "tie_embeddings", False))
-    return sum(rank * (out + inp) for e in linear_layers(spec) for out, inp in [e.shape]
-               if e.layer_type != "embedding" and not (e.path == "lm_head" and tied))
+    return [e for e in linear_layers(spec) if e.layer_type != "embedding" and not (e.path == "lm_head" and tied)]
+
+
+def adapter_params(spec, rank: int) -> int:
+    """LoRA parameters of rank `rank` on every adapted linear (adapted_linears): rank * (in + out) each."""
+    check_positive_int("rank", rank)
+    return sum(rank * (out + inp) for e in adapted_linears(spec) for out, inp in [e.shape])
+
+
+def max_rank(spec) -> int:
+    """The largest LoRA rank training_memory accepts for `spec` (a ModelSpec, a TinyLMConfig or a name of
+    labkit.specs): the smallest side of any adapted linear (B A has rank at most that, so a larger r adds
+    parameters and no expressive power)."""
+    return min(min(e.shape) for e in adapted_linears(model_spec(spec) if isinstance(spec, str) else spec))
 
 
 def _spec(spec) -> ModelSpec:
@@ -64,9 +75,9 @@ def training_memory(spec, method: str = "full", tokens: int = 4096, rank: int = 
     check_bool("checkpointing", checkpointing)
     if method != "full":
         check_positive_int("rank", rank)
-        for e in linear_layers(s):
-            if e.layer_type != "embedding" and not (e.path == "lm_head" and s.tied_embeddings) and rank > min(e.shape):
-                fail("rank", rank, f"at most {min(e.shape)} (the smallest side of {s.name}'s {e.path}, {e.shape})")
+        if rank > max_rank(s):
+            e = min(adapted_linears(s), key=lambda e: min(e.shape))
+            fail("rank", rank, f"at most {min(e.shape)} (the smallest side of {s.name}'s {e.path}, {e.shape})")
     n = s.n_params
     if method == "full":
         trained, weights = n, 2 * n

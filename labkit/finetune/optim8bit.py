@@ -16,11 +16,12 @@ Efficient Optimizers with 4-bit States", arXiv:2309.01507) exclude the zero poin
 an element whose v rounds to 0 while its m does not would step by m / eps, thousands of times Adam's step. Here
 the smallest v an element can hold is 1e-8 of its block's largest, so its step stays within about
 sqrt(1e8) = 1e4 of the block's; in practice within a few times torch's (tests/finetune/test_optim8bit.py).
-The update itself runs in FP32: dequantize, Adam step, quantize again.
+The update itself runs in FP32: dequantize, Adam step, quantize again. As bitsandbytes does, a tensor of fewer
+than min_8bit_size values (4096 by default, bitsandbytes' default) keeps FP32 states: norms and biases, whose
+bytes are few.
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -66,12 +67,13 @@ def _check_code(code) -> torch.Tensor:
 
 def quantize_blockwise(x: torch.Tensor, code: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """x (float, finite, any shape, flattened) -> (codes uint8 [n]: the index of the nearest level of `code` to
-    x / absmax of its block, absmax float32 [ceil(n / block)]). `code`: strictly increasing levels in [-1, 1].
-    Ties go to the lower level. An all-zero block gets absmax 0 (it dequantizes to 0 whatever its codes)."""
+    x / absmax of its block, absmax float32 [ceil(n / block)]), both on x's device. `code`: strictly increasing
+    levels in [-1, 1]. Ties go to the lower level. An all-zero block gets absmax 0 (it dequantizes to 0 whatever
+    its codes)."""
     check_type("x", x, torch.Tensor)
     if not x.is_floating_point():
         fail("x", x.dtype, "a float tensor")
-    code = _check_code(code)
+    code = _check_code(code).to(x.device)
     check_positive_int("block", block)
     x = x.detach().reshape(-1).float()
     bad = int((~torch.isfinite(x)).sum())
@@ -89,11 +91,12 @@ def quantize_blockwise(x: torch.Tensor, code: torch.Tensor, block: int = BLOCK) 
 
 def dequantize_blockwise(codes: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
                          block: int = BLOCK) -> torch.Tensor:
-    """(codes uint8 [n], absmax float [ceil(n / block)]) -> float32 [n]: code[codes] * absmax of each block."""
+    """(codes uint8 [n], absmax float [ceil(n / block)]) -> float32 [n] on codes' device: code[codes] * absmax of
+    each block."""
     check_type("codes", codes, torch.Tensor)
     if codes.dtype != torch.uint8:
         fail("codes", codes.dtype, "a uint8 tensor", TypeError)
-    code = _check_code(code)
+    code = _check_code(code).to(codes.device)
     block = check_positive_int("block", block)
     n = codes.numel()
     check_type("absmax", absmax, torch.Tensor)
@@ -110,11 +113,15 @@ def dequantize_blockwise(codes: torch.Tensor, absmax: torch.Tensor, code: torch.
 
 
 class AdamW8bit(torch.optim.Optimizer):
-    """AdamW whose m and v are stored blockwise in 8 bits (state_dtype="int8") or in FP32 ("fp32", the same
-    arithmetic as torch.optim.AdamW): bias-corrected Adam, decoupled weight decay."""
+    """torch.optim.AdamW (bias-corrected Adam, decoupled weight decay, the same defaults) whose m and v are stored
+    blockwise in 8 bits (state_dtype="int8") or in FP32 ("fp32", torch's arithmetic). As in bitsandbytes, a
+    tensor of fewer than `min_8bit_size` values (default 4096, bitsandbytes' default: norms, biases) keeps FP32
+    states whatever state_dtype says, and a parameter's states live on its device. step(closure) runs the closure
+    with gradients enabled and returns its loss, as torch's optimizers do. Notebook 09, section 4."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, state_dtype: str = "int8", block: int = BLOCK):
+                 weight_decay: float = 1e-2, state_dtype: str = "int8", block: int = BLOCK,
+                 min_8bit_size: int = 4096):
         check_number("lr", lr, low=0.0, low_open=True)
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             fail("betas", betas, "a pair of numbers in [0, 1)")
@@ -126,18 +133,28 @@ class AdamW8bit(torch.optim.Optimizer):
             fail("state_dtype", state_dtype, f"one of {STATE_DTYPES} (an 8-bit state holds int8 codes; "
                  "fp16/bf16 states are not implemented)")
         check_positive_int("block", block)
+        check_positive_int("min_8bit_size", min_8bit_size, "values", allow_zero=True)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-        self.state_dtype, self.block = state_dtype, block
-        self.order: list[int] = []  # the order the last step touched the parameters (their index in the groups)
+        self.state_dtype, self.block, self.min_8bit_size = state_dtype, block, min_8bit_size
+
+    def _init_state(self, p: torch.Tensor, state: dict) -> None:
+        """step 0; m and v zero: FP32 tensors shaped like p, or 8-bit codes and absmaxes, on p's device."""
+        state["step"] = 0
+        for name, signed in (("m", True), ("v", False)):
+            zeros = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+            if self.state_dtype == "int8" and p.numel() >= self.min_8bit_size:
+                state[name], state[name + "_absmax"] = quantize_blockwise(zeros, CODEBOOKS[signed], self.block)
+            else:
+                state[name] = zeros
 
     def _load(self, state: dict, name: str, signed: bool) -> torch.Tensor:
-        if self.state_dtype == "fp32":
-            return state[name]
+        if name + "_absmax" not in state:
+            return state[name].view(-1)
         return dequantize_blockwise(state[name], state[name + "_absmax"], CODEBOOKS[signed], self.block)
 
     def _store(self, state: dict, name: str, value: torch.Tensor, signed: bool) -> None:
-        if self.state_dtype == "fp32":
-            state[name] = value
+        if name + "_absmax" not in state:
+            state[name].view(-1).copy_(value)
         else:
             state[name], state[name + "_absmax"] = quantize_blockwise(value, CODEBOOKS[signed], self.block)
 
@@ -160,32 +177,37 @@ class AdamW8bit(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_gradients()
-        self.order = []
-        index = 0
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                index += 1
                 if p.grad is None:
                     continue
-                self.order.append(index - 1)
                 state = self.state[p]
                 if not state:
-                    state["step"] = 0
-                    zeros = torch.zeros(p.numel())
-                    self._store(state, "m", zeros, True)
-                    self._store(state, "v", zeros, False)
+                    self._init_state(p, state)
                 state["step"] += 1
                 t = state["step"]
                 g = p.grad.reshape(-1).float()
-                m = self._load(state, "m", True).view(-1) * beta1 + (1 - beta1) * g
-                v = self._load(state, "v", False).view(-1) * beta2 + (1 - beta2) * g * g
+                m = self._load(state, "m", True) * beta1 + (1 - beta1) * g
+                v = self._load(state, "v", False) * beta2 + (1 - beta2) * g * g
                 self._store(state, "m", m, True)
                 self._store(state, "v", v, False)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 denom = (v / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
                 p.add_((m / (1 - beta1 ** t) / denom).view_as(p), alpha=-group["lr"])
         return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict, then each state tensor as saved (on its parameter's device): torch casts
+        floating states to the parameter's dtype, which would turn 8-bit codes into floats and a BF16
+        parameter's FP32 m and v into BF16."""
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        saved = [i for group in state_dict["param_groups"] for i in group["params"]]
+        for i, p in zip(saved, params):
+            if i in state_dict["state"]:
+                self.state[p] = {k: v.to(p.device, copy=True) if isinstance(v, torch.Tensor) else v
+                                 for k, v in state_dict["state"][i].items()}
 
     def state_bytes(self) -> int:
         """Bytes of every state tensor (codes and absmaxes, or FP32 m and v): memory.optimizer_state_bytes."""

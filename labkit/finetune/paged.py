@@ -8,13 +8,34 @@ replayed through it:
                 that parameter's m then its v
 
 With a device smaller than activations + states, every step's activations push states out and the optimizer's
-pass faults them back in: the fault and migration counts per step are what a paged optimizer pays.
+pass faults them back in: the fault and migration counts per step are what a paged optimizer pays. StepOrder
+watches a real optimizer (any torch.optim.Optimizer, through its step hook) for the order to replay.
 """
 
 from __future__ import annotations
 
-from .._checks import check_positive, check_positive_int, fail
+import torch
+
+from .._checks import check_positive, check_positive_int, check_type, fail
 from ..unified_memory import UnifiedMemory
+
+
+class StepOrder:
+    """Watches `optimizer`'s steps (a post-step hook; the optimizer is unchanged): `order` holds the indices,
+    counted over its param_groups in turn, of the parameters the last step updated, those with a gradient, in
+    the order torch's optimizers and AdamW8bit visit them. `remove()` takes the hook off."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        check_type("optimizer", optimizer, torch.optim.Optimizer)
+        self.order: list[int] = []
+        self._hook = optimizer.register_step_post_hook(self._record)
+
+    def _record(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.order = [i for i, p in enumerate(params) if p.grad is not None]
+
+    def remove(self) -> None:
+        self._hook.remove()
 
 
 def replay_paged_states(param_numels: list[int], order: list[int], activation_bytes: int, device_bytes: int,

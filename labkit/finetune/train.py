@@ -142,7 +142,8 @@ def evaluate(model, new_kind: str = "first", n: int = 200, n_old: int = 100, see
     """Accuracy (0..1) on `n` held-out (test split) tasks of the new kind and on `n_old` of each of TinyLM's own
     task kinds (their test split: forgetting shows there)."""
     check_tinylm(model)
-    tasks = corpus.make_new_tasks(new_kind, n, "test", seed) + [t for k in TASK_KINDS for t in make_tasks(k, n_old, "test", seed)]
+    tasks = (corpus.make_new_tasks(new_kind, n, "test", seed)
+             + [t for k in TASK_KINDS for t in make_tasks(k, n_old, "test", seed)])
     return task_accuracy(model, tasks)
 
 

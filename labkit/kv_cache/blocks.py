@@ -84,7 +84,7 @@ def plural(n: int, noun: str) -> str:
 
 
 def blocks_needed(n_tokens: int, block_size: int) -> int:
-    """Blocks that hold `n_tokens` tokens: ceil(n_tokens / block_size). Notebook 05's exercise BLOCKS_NEEDED."""
+    """Blocks that hold `n_tokens` tokens: ceil(n_tokens / block_size) (notebook 05)."""
     check_positive_int("n_tokens", n_tokens, allow_zero=True)
     check_block_size(block_size)
     return -(-n_tokens // block_size)

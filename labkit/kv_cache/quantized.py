@@ -122,7 +122,8 @@ def kivi_table(k: torch.Tensor, v: torch.Tensor, formats=("int4", "int2"), group
         row = {"format": fmt}
         for name, x in (("keys", k), ("values", v)):
             for axis in AXES:
-                err = quant_error(x.reshape(-1, x.shape[-1]), fake_quantize(x, fmt, axis, group).reshape(-1, x.shape[-1]))
+                err = quant_error(x.reshape(-1, x.shape[-1]),
+                                  fake_quantize(x, fmt, axis, group).reshape(-1, x.shape[-1]))
                 row[f"{name} per {axis}"] = err["sqnr_db"]
         rows.append(row)
     return rows
@@ -197,7 +198,8 @@ def retention_words(rows: list[dict], a: str, b: str) -> str:
     by_name = {r["setting"]: r.get("retention") for r in rows}
     for name in (a, b):
         if by_name.get(name) is None:
-            fail("a" if name == a else "b", name, f"one of the quantized settings {[n for n, r in by_name.items() if r]}")
+            fail("a" if name == a else "b", name,
+                 f"one of the quantized settings {[n for n, r in by_name.items() if r]}")
     ra, rb = by_name[a], by_name[b]
     if ra.low > rb.high:
         return f"{a} retains more than {b} (the 95% intervals do not overlap)"

@@ -112,7 +112,8 @@ def utilization(trace: list[Request], scheme: str, context: int, block_size: int
     return held / reserved
 
 
-def waste_table(trace: list[Request], context: int, block_size: int = 16, memory_slots: int | None = None) -> list[dict]:
+def waste_table(trace: list[Request], context: int, block_size: int = 16,
+                memory_slots: int | None = None) -> list[dict]:
     """Per scheme: utilization (this trace), vLLM's Fig. 2 figure, mean reserved slots per request (time-averaged)
     and how many requests fit at once in `memory_slots` token slots (default: 32 contexts' worth)."""
     check_positive_int("context", context)

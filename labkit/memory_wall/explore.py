@@ -168,8 +168,9 @@ def plot_share_region(rows: Sequence[Mapping], title: str, band: tuple[float, fl
     from matplotlib.colors import ListedColormap
 
     check_type("title", title, str)
+    keys = {"gpu", "link", "workload", "offloaded", "share", "fits"}
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows or not all(
-            isinstance(r, Mapping) and {"gpu", "link", "workload", "offloaded", "share", "fits"} <= set(r) for r in rows):
+            isinstance(r, Mapping) and keys <= set(r) for r in rows):
         fail("rows", rows, "a non-empty list of rows from transfer.sweep()", TypeError)
     low, high = check_band(band)
     lines = list(dict.fromkeys((r["gpu"], r["link"], r["workload"]) for r in rows))

@@ -2,9 +2,11 @@
 claim (quoted), the arithmetic behind the verdict line by line, the verdict and the conditions under which
 the claim holds, every sentence built from the numbers it rests on.
 
-The source material is two technical articles: one on deploying large models locally on unified-memory
-hardware, one on adapting a trillion-parameter open model on the day of its release. The words in
-quotation marks are theirs; the words around them give the setting the article states.
+The source material is two technical articles: "Hardware Challenges in Large Model Deployment" (short title
+"Hardware Challenges": the memory wall, unified memory, asymmetric INT4, the cost table), whose claims these
+are, and "Engineering Trillion-Parameter Model Instant Adaptation on Domestic AI Hardware: From Challenges to
+Production" ("Trillion-Parameter Instant Adaptation": the 3T Day-0 adaptation). The words in quotation marks
+are theirs; the words around them give the setting the article states.
 
     check = gpt3_memory()      # a FactCheck
     check.show()               # prints CLAIM / arithmetic / VERDICT / HOLDS IF (labkit.course.verdict)
@@ -52,7 +54,7 @@ def _largest(fits, limit: int = 1 << 20) -> int:
 
 def gpt3_memory() -> FactCheck:
     """"GPT-3 (175B) needs 128 GB VRAM + 256 GB system memory": FP16 and Q4_0 footprints, 2,048 tokens, and
-    how far the batch and the context can grow before FP16 no longer fits the 384 GB named."""
+    how far the batch and the context can grow before FP16 stops fitting in the 384 GB named."""
     g3 = model("gpt3-175b")
     f16, f4 = footprint(g3, "fp16", 1, 2048), footprint(g3, Q4_0, 1, 2048)
     gpu, budget = 128 * GB, (128 + 256) * GB
@@ -119,7 +121,8 @@ def dense_320b_speed(target: float = 20.0, bandwidth: float = 1.2e12, context: i
         + "or the model is a "
         + f"mixture of experts with about {active / 1e9:.0f}B active parameters, or speculative decoding (a small "
         f"draft model proposes tokens that the big one checks in one step) accepts ~{per_step} tokens per step.",
-        {"ceiling": ceiling, "ceiling_any_context": no_kv, "batch_needed": batch, "active_params": active, "tokens_per_step": per_step})
+        {"ceiling": ceiling, "ceiling_any_context": no_kv, "batch_needed": batch,
+         "active_params": active, "tokens_per_step": per_step})
 
 
 def _share_span(rows: list[dict], key: tuple, ks: str) -> str:
@@ -147,7 +150,8 @@ def transfer_share() -> FactCheck:
     rows, gpu_gb = sweep(m), {g: device(g).memory_bytes / GB for g in GPUS}
     reg = region(rows)
     points = [(g, ln, k, step(m, g, ln, k)) for g, ln, k in (("h200", "pcie4-x16", 1), ("h200", "pcie5-x16", 1),
-                                                             ("h100-sxm", "pcie5-x16", 1), ("h100-sxm", "nvlink-c2c", 5),
+                                                             ("h100-sxm", "pcie5-x16", 1),
+                                                             ("h100-sxm", "nvlink-c2c", 5),
                                                              ("h100-sxm", "nvlink-c2c", 10))]
     inside = [r for r in rows if BAND[0] <= r["share"] <= BAND[1]]
     possible = [r for r in inside if r["fits"]]
@@ -251,7 +255,8 @@ def cost_roi(local: float = 5300, cloud: float = 2100, claimed_days: float = 182
     implied = max(fitting, key=fitting.get) if fitting else None
     gpu = device("rtx-4090")
     months = claimed_days / MONTH_DAYS
-    arithmetic = [f"read {how}: ${local:,.0f} / ${cloud / per:,.0f} per day = {d:.1f} days = {d / MONTH_DAYS:.2f} months, "
+    arithmetic = [f"read {how}: ${local:,.0f} / ${cloud / per:,.0f} per day = "
+                  f"{d:.1f} days = {d / MONTH_DAYS:.2f} months, "
                   f"{_times(d, claimed_days)} the claimed {months:.0f} months"
                   for (how, d), per in zip(readings.items(), (1, MONTH_DAYS))]
     arithmetic += [
@@ -274,7 +279,8 @@ def cost_roi(local: float = 5300, cloud: float = 2100, claimed_days: float = 182
     return FactCheck(
         f'Local hardware at "${local:,.0f}" once against cloud at "${cloud:,.0f}/day": "ROI within 6 months".',
         arithmetic, judgement,
-        (f"the cloud side costs ${cloud:,.0f} {implied} (${cloud / (MONTH_DAYS if implied == 'per month' else 1) / 24:,.2f} "
+        (f"the cloud side costs ${cloud:,.0f} {implied} "
+         f"(${cloud / (MONTH_DAYS if implied == 'per month' else 1) / 24:,.2f} "
          "an hour) and the local box holds the same model; power and upkeep are left out." if implied else
          f"the cloud side costs at least ${local / claimed_days:,.0f} per day."),
         {"breakeven_days": readings, "implied_reading": implied, "implied_cloud_per_day": local / claimed_days})
@@ -288,3 +294,4 @@ def _times(days: float, claimed_days: float) -> str:
 
 
 CLAIMS = (gpt3_memory, dense_320b_speed, transfer_share, trillion_fp16, int4_compression, cost_roi)
+

@@ -202,8 +202,9 @@ def measure_decode(model: TinyLM, prompt_len: int = 64, new_tokens: int = 64, re
     """Time a TinyLM here: one prefill of `prompt_len` tokens, then `new_tokens` batch-1 decode steps with the
     KV cache. Returns {"prefill_s", "decode_s_per_token", "tokens_per_s"}, each from the median of `repeats`
     after one warm-up, and "timings": {"prefill": Timing of one prefill, "decode": Timing of the
-    `new_tokens` steps} (labkit.memory_wall.verdicts.against_ceiling reads the latter). Every repeat starts from the same state: the cache is rewound to empty (prefill) or to the
-    prompt (decode), whose keys and values stay in place, so each decode repeat attends to the same context."""
+    `new_tokens` steps} (labkit.memory_wall.verdicts.against_ceiling reads the latter). Every repeat starts from
+    the same state: the cache is rewound to empty (prefill) or to the prompt (decode), whose keys and values stay
+    in place, so each decode repeat attends to the same context."""
     check_type("model", model, TinyLM, "a labkit.tinylm.TinyLM")
     check_positive_int("prompt_len", prompt_len, unit="tokens")
     check_positive_int("new_tokens", new_tokens, unit="tokens")

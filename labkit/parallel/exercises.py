@@ -4,18 +4,19 @@ The notebook's check cells and tests/parallel/test_exercises.py both use them:
     RING_ALL_REDUCE  ring_all_reduce(tensors) -> every rank's sum, chunk by chunk            (section 1)
     TP_MLP           tp_mlp(x, w_gate, w_up, w_down, tp) -> each rank's partial output       (section 3)
     BUBBLE           bubble_fraction(stages, microbatches) -> idle share of the total time  (section 4)
-    MIN_CARDS        min_cards(n_params, bytes_per_param, card_bytes, usable) -> cards      (section 7)
+    MIN_CARDS        min_cards(name, card, batch, context, per_node) -> the fewest cards of one
+                     tensor-parallel group that serve the workload, or None                  (section 7)
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_positive_int, check_type, fail
 from ..course import Exercise
 from ..rng import Rng
+from ..specs import device, model
 from .collectives import ring_all_reduce
 from .schedule import bubble_fraction
 
@@ -65,15 +66,53 @@ BUBBLE = Exercise("bubble_fraction", bubble_fraction, cases=[(4, 8), (1, 5), (8,
                   random_case=random_pipeline, rtol=1e-12)
 
 
-def min_cards_reference(n_params: float, bytes_per_param: float, card_bytes: float, usable: float) -> int:
-    """Fewest cards whose usable memory (usable x card_bytes each) holds n_params weights."""
-    return math.ceil(n_params * bytes_per_param / (card_bytes * usable))
+USABLE = 0.9  # the share of a card's memory a layout may fill (labkit.parallel.planner's default)
+DENSE_KV_MODELS = ("tinylm", "opt-13b", "llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "gpt3-175b",
+                   "mixtral-8x7b", "dense-320b", "llama-3.1-405b", "moe-3t")  # presets with KV heads (no MLA)
+CARDS = ("rtx-4090", "a100-80gb", "h100-sxm", "h200", "mi300x")
 
 
-def random_cards(rng: Rng) -> tuple:
-    return (rng.choice([7e9, 70e9, 405e9, 671e9, 3e12]), rng.choice([0.5, 1, 2, 4]),
-            rng.choice([24e9, 80e9, 141e9, 192e9]), rng.choice([1.0, 0.9, 0.8]))
+def min_cards_reference(name: str, card: str, batch: int, context: int, per_node: int) -> int | None:
+    """The fewest cards tp of one tensor-parallel group (PP = EP = 1, tp <= per_node: TP stays inside one node)
+    on which model `name` (a labkit.specs preset with KV heads) serves `batch` sequences of `context` tokens,
+    each card within USABLE of `device(card).memory_bytes`; None when no degree up to per_node fits.
+
+    Per card, in bytes: the BF16 weights / tp; the BF16 KV cache of every sequence / min(tp, n_kv_heads) (past
+    the KV heads each head is copied, not split); per sequence 8 x d_model + 2 x vocab / tp FP32 activations.
+    tp must divide the heads, and divide or be a multiple of the KV heads. This is labkit.parallel.planner's
+    memory model for TP alone (tests/parallel/test_exercises.py checks that they agree)."""
+    spec, dev = model(check_type("name", name, str)), device(check_type("card", card, str))
+    if spec.is_mla:
+        fail("name", name, "a model with KV heads (not multi-head latent attention)")
+    if not dev.memory_bytes or dev.kind == "link":
+        fail("card", card, "a device with memory (a card of data/hardware.json)")
+    for arg, value in (("batch", batch), ("context", context), ("per_node", per_node)):
+        check_positive_int(arg, value)
+    kv = batch * context * spec.kv_bytes_per_token(2)
+    for tp in range(1, per_node + 1):
+        if spec.n_heads % tp or (spec.n_kv_heads % tp and tp % spec.n_kv_heads):
+            continue
+        need = (spec.n_params * 2 / tp + kv / min(tp, spec.n_kv_heads)
+                + batch * (8 * spec.d_model + 2 * spec.vocab_size / tp) * 4)
+        if need <= USABLE * dev.memory_bytes:
+            return tp
+    return None
 
 
-MIN_CARDS = Exercise("min_cards", min_cards_reference, cases=[(3e12, 2, 80e9, 1.0), (3e12, 2, 141e9, 0.9)],
-                     random_case=random_cards)
+def random_cards(rng: Rng) -> tuple[str, str, int, int, int]:
+    """A preset, a card, 1-256 sequences of a context the model has, one node of 8, 16 or 72 cards."""
+    name = rng.choice(DENSE_KV_MODELS)
+    contexts = [c for c in (256, 1024, 4096, 8192, 32768, 131072) if c <= model(name).context]
+    return (name, rng.choice(CARDS), rng.choice([1, 4, 16, 64, 256]), rng.choice(contexts),
+            rng.choice([8, 8, 16, 72]))
+
+
+MIN_CARDS = Exercise("min_cards", min_cards_reference, cases=[
+    ("llama-3-70b", "h100-sxm", 1, 4096, 8),        # the weights decide
+    ("llama-3-70b", "h100-sxm", 64, 8192, 8),       # the KV cache decides, and 5 or 6 cards split no head evenly
+    ("gpt3-175b", "h100-sxm", 1, 2048, 8),          # 96 heads: 6 cards split them, 5 do not
+    ("llama-3-70b", "h100-sxm", 64, 32768, 72),     # past 8 KV heads the cache stops shrinking
+    ("llama-3.1-405b", "h100-sxm", 64, 8192, 8),    # no degree of one node holds it
+    ("llama-2-7b", "h100-sxm", 109, 1024, 8),       # the activations tip one card over
+    ("tinylm", "rtx-4090", 1, 256, 8)],
+    random_case=random_cards)

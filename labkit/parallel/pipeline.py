@@ -206,7 +206,8 @@ def pipeline_step(model: TinyLM, tokens: torch.Tensor, targets: torch.Tensor, st
 
 
 @torch.no_grad()
-def decode_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, prompt: list[int], max_new_tokens: int) -> dict:
+def decode_worker(rank: int, world: int, cfg: TinyLMConfig, state: dict, prompt: list[int],
+                  max_new_tokens: int) -> dict:
     """One stage of pipeline_generate: hidden states go forward stage by stage, the last stage picks the
     greedy token and broadcasts it to every stage. Seconds per decode step (prefill excluded) on rank 0."""
     stage = Stage(rebuild_model(cfg, state), rank, world)
@@ -240,7 +241,8 @@ def pipeline_generate(model: TinyLM, prompt: list[int], max_new_tokens: int, sta
     check_positive_int("max_new_tokens", max_new_tokens)
     prompt = [check_int("each prompt token", t, 0, model.cfg.vocab_size - 1) for t in prompt]
     if not prompt or len(prompt) + max_new_tokens > model.cfg.max_seq_len:
-        fail("max_new_tokens", max_new_tokens, f"<= {model.cfg.max_seq_len - len(prompt)} with a prompt of {len(prompt)}")
+        fail("max_new_tokens", max_new_tokens,
+             f"<= {model.cfg.max_seq_len - len(prompt)} with a prompt of {len(prompt)}")
     if pool is not None and pool.world != stages:
         fail("pool", pool, f"a Pool of world {stages} (= stages)")
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -10,8 +10,8 @@ ones say why. The model it applies, stated so it can be argued with:
                  allowed and the largest stage (ceil(L / pp) layers) is the one that must fit
     attention    data-parallel inside the EP group (DeepSeek-V3's layout): the batch's whole sequences
                  are dealt over the ep ranks, so the busiest rank serves ceil(batch / ep) of them (and some
-                 ranks none when batch < ep; `Plan.notes` says so); KV split over min(tp, n_kv_heads) ranks (GQA replicates past that,
-                 MLA's one latent is replicated over tp) and over pp
+                 ranks none when batch < ep; `Plan.notes` says so); KV split over min(tp, n_kv_heads) ranks
+                 (GQA replicates past that, MLA's one latent is replicated over tp) and over pp
     memory       weights + KV cache + activations <= usable fraction (0.9) of the device's memory
     one step     one new token for every sequence; the stages run one after another (no micro-batches in
                  flight: PP buys memory, not speed, here) and communication is not overlapped:

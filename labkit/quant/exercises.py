@@ -6,7 +6,8 @@ The notebook's check cells and tests/quant/test_exercises.py both use them:
                       asym_round_trip(asym_quantize, asym_dequantize)        (section 1)
     PACK              pack(codes) -> bytes and unpack(bytes) -> codes, checked together through
                       pack_round_trip(pack, unpack)                           (section 4)
-    QUANTIZED_LINEAR  quantized_linear(x, q) = x @ w_hat.T, tile by tile      (section 8)
+    QUANTIZED_LINEAR  quantized_linear(x, q, tile) = x @ w_hat.T for any QTensor, building at most `tile`
+                      columns of w_hat at a time (q is a TiledOnly: its dequantize() refuses) (section 8)
     FUSED_LOOP        fused_matvec(x, w) = x @ w_hat.T in one loop over the packed bytes of an
                       Int4Weight (rung 3 of labkit.quant.kernels, in plain Python) (section 8)
 
@@ -25,7 +26,6 @@ from .._checks import fail
 from ..course import Exercise
 from ..rng import Rng
 from .kernels import Int4Weight, dequantize_then_matmul, pack_weight
-from .linear import QuantLinear
 from .packing import pack_int4, unpack_int4
 from .qtensor import QTensor, quantize
 
@@ -124,28 +124,58 @@ PACK = Exercise("pack + unpack", pack_reference,
                 random_case=random_codes, rtol=0.0, atol=0.0)
 
 
-# --- exercise 3: a quantized linear layer ---------------------------------------------------------------
+# --- exercise 3: a quantized linear layer, one tile at a time ------------------------------------------
 
-def quantized_linear_reference(x: torch.Tensor, q: QTensor) -> torch.Tensor:
-    """x @ w_hat.T by QuantLinear's reference path (tiles of 256 columns)."""
-    return QuantLinear(q, backend="reference")(x)
+class TiledOnly(QTensor):
+    """A QTensor whose dequantize() refuses: exercise 3 builds w_hat one tile of columns at a time, never whole.
+    Every other attribute (codes, scale, zero, group_size, group_len, ...) is the QTensor's."""
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        raise RuntimeError("q.dequantize() builds the whole float weight at once; this exercise builds at most "
+                           "`tile` columns of it at a time")
 
 
-def random_layer(rng: Rng) -> tuple[torch.Tensor, QTensor]:
-    """Random activations [1..3, in] and an asymmetric INT4 QTensor [1..24, in] with groups of 8, 16 or 32."""
+def tiled_only(q: QTensor) -> TiledOnly:
+    """The same quantized weight as a TiledOnly (what the check hands the learner's function)."""
+    return TiledOnly(q.codes, q.scale, q.zero, q.bits, q.group_size, q.scheme, q.shape)
+
+
+def quantized_linear_reference(x: torch.Tensor, q: QTensor, tile: int) -> torch.Tensor:
+    """x @ w_hat.T (float32 [m, out]) from the whole dequantized weight, in float64 (QTensor.dequantize: the
+    tile does not change the product)."""
+    return (x.double() @ QTensor.dequantize(q).double().T).float()
+
+
+def random_layer(rng: Rng) -> tuple[torch.Tensor, TiledOnly, int]:
+    """Random activations [1..3, in], a quantized weight [1..12, in] (4 or 8 bits, sym or asym; groups of 8, 16 or
+    32, per channel or per tensor; weights shifted by -2..2) and a tile of 1 to in + 7 columns."""
     gen = _seeded(rng)
-    out, group, groups = 1 + rng.below(24), rng.choice([8, 16, 32]), 1 + rng.below(4)
-    w = torch.randn(out, group * groups, generator=gen)
-    return torch.randn(1 + rng.below(3), group * groups, generator=gen), quantize(w, 4, "asym", group)
+    out, group, groups = 1 + rng.below(12), rng.choice([8, 16, 32]), 1 + rng.below(4)
+    inp = group * groups
+    w = torch.randn(out, inp, generator=gen) + rng.below(5) - 2
+    q = quantize(w, rng.choice([4, 8]), rng.choice(["asym", "sym"]), rng.choice([group, "channel", "tensor"]))
+    return torch.randn(1 + rng.below(3), inp, generator=gen), tiled_only(q), 1 + rng.below(inp + 8)
 
 
 _GEN = torch.Generator().manual_seed(3)
-# groups of 32 in tiles of 32; then groups of 16, which a tile of 32 spans two of, and 48 inputs: a last,
-# shorter tile
+
+
+def _layer(inp: int, out: int, bits: int, scheme: str, group_size, tile: int, shift: float = 0.0):
+    """A fixed case: x [2, inp] and a TiledOnly [out, inp] quantized from seeded weights (+ shift), and the tile."""
+    w = (torch.rand if shift else torch.randn)(out, inp, generator=_GEN) + shift
+    return torch.randn(2, inp, generator=_GEN), tiled_only(quantize(w, bits, scheme, group_size)), tile
+
+
+# Each fixed case is a place where a first version goes wrong; the [FAIL] line shows its arguments (shapes, the
+# QTensor's settings, the tile), never how to handle it:
+#   tiles and groups of 32 (they line up); groups of 16 in tiles of 32 and 48 inputs (a tile holds two groups,
+#   the last tile is shorter); groups of 32 in tiles of 24 (tiles straddle groups); symmetric per channel (no
+#   zero point, one scale per row); 8-bit asymmetric per tensor on all-positive weights (one scale and zero for
+#   every row, a zero point below int8's range)
 QUANTIZED_LINEAR = Exercise("quantized_linear", quantized_linear_reference,
-                            cases=[(torch.ones(2, 64), quantize(torch.randn(16, 64, generator=_GEN), 4, "asym", 32)),
-                                   (torch.randn(3, 48, generator=_GEN),
-                                    quantize(torch.randn(8, 48, generator=_GEN), 4, "asym", 16))],
+                            cases=[_layer(64, 16, 4, "asym", 32, 32), _layer(48, 8, 4, "asym", 16, 32),
+                                   _layer(64, 8, 4, "asym", 32, 24), _layer(40, 6, 4, "sym", "channel", 16),
+                                   _layer(24, 4, 8, "asym", "tensor", 10, shift=2.0)],
                             random_case=random_layer, rtol=1e-5, atol=1e-5)
 
 

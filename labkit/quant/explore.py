@@ -6,6 +6,7 @@
     pooled_sqnr_db(ws, ...)   one SQNR for several matrices quantized alike (section 2, by layer type)
     plot_quality(results)     perplexity against bits per weight for a quality.sweep (section 6)
     plot_matmuls(run, ...)    the INT4 matmul run of labkit.quant.speed on this machine's rooflines (section 8)
+    roofline_notes(run, ...)  where that plot's all-thread figures fall below their 1-thread twins (a busy core)
     label_points(ax, points)  labels that do not overlap each other or the points (both plots use it)
 """
 
@@ -18,7 +19,8 @@ import torch
 from .._checks import check_bool, check_int, check_positive, check_type, fail
 from ..memory_wall import roofline
 from .qtensor import BITS, check_bits, check_group_size, check_weight, quant_error, quantize
-from .speed import CASES, FP32_1, INT4_1, ROOF, ROOF_1, MatmulRun
+from .speed import CASES, FP32, FP32_1, INT4, INT4_1, ROOF, ROOF_1, MatmulRun
+from .verdicts import CONTENTION
 
 GROUPS = (32, 64, 128, "channel", "tensor")
 
@@ -239,3 +241,39 @@ def plot_matmuls(run: MatmulRun, peak_all: float, peak_one: float, ax=None):
     label_points(ax, points)
     ax.set_title(f"batch-1 matmuls {run.n}x{run.k} on this machine (squares: 1 thread)", fontsize=9)
     return ax
+
+
+def roofline_notes(run: MatmulRun, peak_all: float, peak_one: float) -> list[str]:
+    """What plot_matmuls(run, peak_all, peak_one) shows about the machine's load, from the same figures. More
+    threads never lower a roof on a quiet machine. Each all-thread figure below its 1-thread twin (the memory roof
+    in bytes/s, the FP32 matmul peak in FLOP/s, the FP32 and INT4 products' FLOP/s) gets a line; then where the
+    two rooflines cross (FLOP/byte) or which lies below; then the cause: more than verdicts.CONTENTION times
+    lower is another program on a core, less is a figure that gains nothing from a second thread. One line when
+    none is below, or when torch runs on one thread (both rooflines are then one thread's)."""
+    check_type("run", run, MatmulRun, "a labkit.quant.speed.MatmulRun")
+    peak_all, peak_one = check_positive("peak_all", peak_all, "FLOP/s"), check_positive("peak_one", peak_one, "FLOP/s")
+    n = run.threads
+    if n == 1:
+        return ["torch runs on 1 thread here: both rooflines and both points of each kernel are one thread's"]
+    bw_all, bw_one = run.bytes_per_s(ROOF), run.bytes_per_s(ROOF_1)
+    pairs = [("memory roof", bw_all / 1e9, bw_one / 1e9, "GB/s"),
+             ("FP32 matmul peak", peak_all / 1e9, peak_one / 1e9, "GFLOP/s"),
+             ("FP32 product", run.flops_per_s(FP32) / 1e9, run.flops_per_s(FP32_1) / 1e9, "GFLOP/s"),
+             ("INT4 product", run.flops_per_s(INT4) / 1e9, run.flops_per_s(INT4_1) / 1e9, "GFLOP/s")]
+    lower = [(name, a, b, unit) for name, a, b, unit in pairs if a < b]
+    if not lower:
+        return [f"every {n}-thread figure is at or above its 1-thread twin: the {n}-thread roofline lies above the "
+                f"1-thread one and no point sits below its twin"]
+    lines = [f"{name}: {a:.4g} {unit} on {n} threads, below the {b:.4g} of 1 thread" for name, a, b, unit in lower]
+    if (bw_all < bw_one) != (peak_all < peak_one):  # one roofline higher under the slope, the other on the flat
+        lines.append(f"the two rooflines cross at {min(peak_all, peak_one) / min(bw_all, bw_one):.1f} FLOP/byte")
+    else:
+        lines.append(f"the {n}-thread roofline lies {'below' if bw_all < bw_one else 'above'} the 1-thread one")
+    worst = max(b / a for _, a, b, _ in lower)
+    if worst > CONTENTION:
+        lines.append(f"{worst:.2f}x lower with {n} threads, beyond the {CONTENTION}x the verdicts allow: another "
+                     f"program took a core while the {n}-thread figures were measured; read the 1-thread ones")
+    else:
+        lines.append(f"at most {worst:.2f}x lower with {n} threads, within the {CONTENTION}x the verdicts allow: "
+                     f"what a figure that gains nothing from a second thread does from run to run")
+    return lines

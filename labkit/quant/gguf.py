@@ -1,4 +1,4 @@
-"""TinyLM as a llama.cpp GGUF file, written with lab 03's own block formats (notebook 03; issue 28's export).
+"""TinyLM as a llama.cpp GGUF file, written with lab 03's own block formats (notebook 03).
 
     write_gguf(model, "tinylm-q8_0.gguf", "Q8_0")      qtype "F32", "Q8_0" or "Q4_0"
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from enum import IntEnum
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +62,20 @@ ALIGNMENT = 32  # bytes; GGUF's default (general.alignment not written)
 # "gpt-2" and "default" turn on clean_spaces, which drops the space in " ?" (TinyLM's recall prompts have it).
 PRE_TOKENIZER = "smollm"
 
-# GGUF metadata value types (gguf.md: gguf_metadata_value_type) and their struct formats
-UINT32, FLOAT32, BOOL, STRING, ARRAY, INT32 = 4, 6, 7, 8, 9, 5
-_PACK = {UINT32: "<I", INT32: "<i", FLOAT32: "<f", BOOL: "<?"}
+
+
+class GGUFValueType(IntEnum):
+    """A metadata value's type code (gguf.md: gguf_metadata_value_type; gguf-py's GGUFValueType), the ones used."""
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+
+
+_PACK = {GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f",
+         GGUFValueType.BOOL: "<?"}
 
 
 def byte_symbols() -> list[str]:
@@ -122,32 +134,33 @@ def tensor_plan(model, qtype: str) -> list[tuple[str, str, str]]:
     return plan
 
 
-def metadata(cfg, qtype: str) -> list[tuple[str, int, object]]:
+def metadata(cfg, qtype: str) -> list[tuple[str, GGUFValueType, object]]:
     """The key-values of the file: (key, GGUF value type, value); an array's value is (item type, items)."""
+    V = GGUFValueType
     return [
-        ("general.architecture", STRING, "llama"),
-        ("general.name", STRING, "TinyLM"),
-        ("general.file_type", UINT32, FILE_TYPE[qtype]),
-        ("general.quantization_version", UINT32, 2),  # ggml's GGML_QNT_VERSION: the Q4_0/Q8_0 layouts of today
-        ("llama.vocab_size", UINT32, cfg.vocab_size),
-        ("llama.context_length", UINT32, cfg.max_seq_len),
-        ("llama.embedding_length", UINT32, cfg.d_model),
-        ("llama.block_count", UINT32, cfg.n_layers),
-        ("llama.feed_forward_length", UINT32, cfg.d_ff),
-        ("llama.attention.head_count", UINT32, cfg.n_heads),
-        ("llama.attention.head_count_kv", UINT32, cfg.n_kv_heads),
-        ("llama.rope.freq_base", FLOAT32, cfg.rope_theta),
-        ("llama.rope.dimension_count", UINT32, cfg.head_dim),
-        ("llama.attention.layer_norm_rms_epsilon", FLOAT32, cfg.norm_eps),
-        ("tokenizer.ggml.model", STRING, "gpt2"),
-        ("tokenizer.ggml.pre", STRING, PRE_TOKENIZER),
-        ("tokenizer.ggml.tokens", ARRAY, (STRING, byte_symbols())),
-        ("tokenizer.ggml.token_type", ARRAY, (INT32, [1] * 256)),  # 1: LLAMA_TOKEN_TYPE_NORMAL
-        ("tokenizer.ggml.merges", ARRAY, (STRING, [])),  # llama.cpp requires the key; none: one token per byte
-        ("tokenizer.ggml.bos_token_id", UINT32, ByteTokenizer.eos_id),
-        ("tokenizer.ggml.eos_token_id", UINT32, ByteTokenizer.eos_id),
-        ("tokenizer.ggml.add_bos_token", BOOL, False),
-        ("tokenizer.ggml.add_eos_token", BOOL, False),
+        ("general.architecture", V.STRING, "llama"),
+        ("general.name", V.STRING, "TinyLM"),
+        ("general.file_type", V.UINT32, FILE_TYPE[qtype]),
+        ("general.quantization_version", V.UINT32, 2),  # ggml's GGML_QNT_VERSION: the Q4_0/Q8_0 layouts of today
+        ("llama.vocab_size", V.UINT32, cfg.vocab_size),
+        ("llama.context_length", V.UINT32, cfg.max_seq_len),
+        ("llama.embedding_length", V.UINT32, cfg.d_model),
+        ("llama.block_count", V.UINT32, cfg.n_layers),
+        ("llama.feed_forward_length", V.UINT32, cfg.d_ff),
+        ("llama.attention.head_count", V.UINT32, cfg.n_heads),
+        ("llama.attention.head_count_kv", V.UINT32, cfg.n_kv_heads),
+        ("llama.rope.freq_base", V.FLOAT32, cfg.rope_theta),
+        ("llama.rope.dimension_count", V.UINT32, cfg.head_dim),
+        ("llama.attention.layer_norm_rms_epsilon", V.FLOAT32, cfg.norm_eps),
+        ("tokenizer.ggml.model", V.STRING, "gpt2"),
+        ("tokenizer.ggml.pre", V.STRING, PRE_TOKENIZER),
+        ("tokenizer.ggml.tokens", V.ARRAY, (V.STRING, byte_symbols())),
+        ("tokenizer.ggml.token_type", V.ARRAY, (V.INT32, [1] * 256)),  # 1: LLAMA_TOKEN_TYPE_NORMAL
+        ("tokenizer.ggml.merges", V.ARRAY, (V.STRING, [])),  # llama.cpp requires the key; none: one token per byte
+        ("tokenizer.ggml.bos_token_id", V.UINT32, ByteTokenizer.eos_id),
+        ("tokenizer.ggml.eos_token_id", V.UINT32, ByteTokenizer.eos_id),
+        ("tokenizer.ggml.add_bos_token", V.BOOL, False),
+        ("tokenizer.ggml.add_eos_token", V.BOOL, False),
     ]
 
 
@@ -242,10 +255,10 @@ def _string(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _value(vtype: int, value) -> bytes:
-    if vtype == STRING:
+def _value(vtype: GGUFValueType, value) -> bytes:
+    if vtype == GGUFValueType.STRING:
         return _string(value)
-    if vtype == ARRAY:
+    if vtype == GGUFValueType.ARRAY:
         item_type, items = value
         return struct.pack("<IQ", item_type, len(items)) + b"".join(_value(item_type, v) for v in items)
     return struct.pack(_PACK[vtype], value)

@@ -127,7 +127,25 @@ def _flag_sets() -> tuple[tuple[str, ...], ...]:
     return (tuple(own),) if own else FLAGS
 
 
-def _library() -> tuple[ctypes.CDLL | None, str]:
+@dataclass(frozen=True)
+class Build:
+    """How rungs 6 and 7 were built and loaded here: compiler, flags, float lanes and rung 7's instruction path
+    (int4_gemv_int8_path: "AVX-512 VNNI", "AVX2", ...)."""
+    cc: str
+    flags: tuple[str, ...]
+    lanes: int
+    int8_path: str
+
+    @property
+    def openmp(self) -> bool:
+        return "-fopenmp" in self.flags
+
+    def __str__(self) -> str:
+        threads = "OpenMP threads" if self.openmp else "one thread (no OpenMP)"
+        return f"{self.cc} {' '.join(self.flags)}: {threads}, {self.lanes} float lanes, rung 7 in {self.int8_path}"
+
+
+def _library() -> tuple[ctypes.CDLL | None, Build | str]:
     """(the loaded library, how it was built) or (None, why not)."""
     if os.environ.get("LABKIT_C", "1") == "0":
         return None, "LABKIT_C=0 switches rungs 6 and 7 off"
@@ -135,7 +153,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctypes.CDLL | None, str]:
+def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctypes.CDLL | None, Build | str]:
     """_library's work, once per process, compiler and flags."""
     if cc is None:
         return None, "no C compiler (set $CC, or install gcc or clang)"
@@ -160,17 +178,21 @@ def _load(cc: str | None, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[ctype
         dll.int4_gemv.argtypes = _GEMV_ARGS
         dll.int4_gemv_int8.restype = ctypes.c_int  # 0 (INT8_DONE) once y is written, else why not
         dll.int4_gemv_int8.argtypes = _INT8_ARGS
-        openmp = "OpenMP threads" if "-fopenmp" in flags else "one thread (no OpenMP)"
-        rung_7 = dll.int4_gemv_int8_path().decode()
-        return dll, f"{cc} {' '.join(flags)}: {openmp}, {dll.int4_gemv_lanes()} float lanes, rung 7 in {rung_7}"
+        return dll, Build(cc, tuple(flags), dll.int4_gemv_lanes(), dll.int4_gemv_int8_path().decode())
     return None, f"{cc}: no build of {SOURCE.name} runs here: " + "; ".join(complaints)
 
 
 def available() -> tuple[bool, str]:
-    """(True, compiler, flags and lanes) when rungs 6 and 7 are built and loaded here, (False, why not)
-    otherwise."""
+    """(True, the build's line: compiler, flags, lanes, rung 7's path) when rungs 6 and 7 are built and loaded
+    here, (False, why not) otherwise."""
     dll, how = _library()
-    return dll is not None, how
+    return dll is not None, str(how)
+
+
+def build() -> Build | None:
+    """The build of rungs 6 and 7 loaded here, or None (available() says why)."""
+    dll, how = _library()
+    return how if dll is not None else None
 
 
 def lanes() -> int:

@@ -108,7 +108,7 @@ class LadderRun:
         out = []
         for t in self.threads:
             out.append(f"{ROOF + ' @' + str(t):<38} {self.bytes_per_s(ROOF, t) / 1e9:6.1f} GB/s "
-                       f"(spread {self.timings[case(ROOF, t)].spread:.0%})")
+                       f"({self.timings[case(ROOF, t)].spread_words()})")
             for name in list(kernels.RUNGS) + [TORCH]:
                 if name in self.missing:
                     out.append(f"{name + ' @' + str(t):<38} not run here: {self.missing[name]}")
@@ -116,7 +116,7 @@ class LadderRun:
                 out.append(f"{name + ' @' + str(t):<38} {self.seconds(name, t) * 1e3:8.2f} ms "
                            f"{self.flops_per_s(name, t) / 1e9:6.1f} GFLOP/s {self.bytes_per_s(name, t) / 1e9:6.1f} "
                            f"GB/s {self.roof_share(name, t):5.0%} of roof "
-                           f"(spread {self.timings[case(name, t)].spread:.0%})")
+                           f"({self.timings[case(name, t)].spread_words()})")
         return out
 
     def verdicts(self, threads: int) -> dict[str, wall.Verdict]:

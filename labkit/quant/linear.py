@@ -11,8 +11,8 @@ QuantLinear keeps its weight as codes + scales and has two paths:
 
 Storage: packed codes, scales and zero points are buffers (so .to(device) moves them); when the kernel
 is used, its own tiled copy of the codes and BF16-ready scales is kept next to them (a deployment would keep
-only that one). "auto" takes the kernel when it exists, the input is on the CPU and the shapes fit (4 bits, out % 16 == 0,
-group length a multiple of 32), and falls back to the reference path otherwise.
+only that one). "auto" takes the kernel when it exists, the input is on the CPU and the shapes fit (4 bits,
+out % 16 == 0, group length a multiple of 32), and falls back to the reference path otherwise.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The batch-1 INT4 matmul against FP32 and BF16, timed in turns with a memory-roof kernel (notebook 03,
 section 8; benchmarks/int4_matmul.py). One method, the one the notebook names:
 
-  weights  `matrices` distinct [n, k] matrices (default 8 of 4096 x 4096: 512 MiB in FP32, 32 MiB even in
-           INT4, beyond the last-level cache), cycled, so that every call reads its weights from memory
+  weights  `matrices` distinct [n, k] matrices (default 8 of 4096 x 4096: 512 MiB in FP32, 80 MiB in
+           torch's INT4 layout: BF16 scales per 32, beyond the last-level cache), cycled, so that every call
+           reads its weights from memory
   cases    FP32 and BF16 F.linear and INT4 QuantLinear (torch's INT4 kernel where it exists) on all of
            torch's threads; FP32 and INT4 again on one thread
   roofs    torch's a.sum() over a 256 MiB float32 array, on all threads (the kernel that lab 01's

@@ -10,8 +10,8 @@ labkit.memory_wall.verdicts (notebook 03, section 8; benchmarks/int4_matmul.py):
 
 The headline is the 1-thread ratio. A 1-thread kernel runs on whichever core is free; a kernel on 2
 threads waits at every step for its slower thread, so a browser or another job on one core slows it
-several times over: on the course's 2-core machine INT4 on 2 threads fell from 6-9x FP32's speed to
-0.3-0.5x while another process ran, while its 1-thread ratio stayed at 3-7x.
+several times over, and its ratio to FP32 with it, while the 1-thread ratio moves far less
+(benchmarks/RESULTS.md, lab 03, has runs of both on a quiet and a busy machine).
 
 Whether INT4 is memory-bound is read on one thread too, from how much of its byte saving it turns into
 speed: speed-up / byte ratio = INT4's read rate / FP32's, FP32 being the GEMV that streams its bytes. At

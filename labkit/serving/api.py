@@ -10,11 +10,13 @@
                                 message
     GET  /metrics               Prometheus text: running, waiting, swapped, KV usage, prefix cache, preemptions,
                                 requests and tokens (names "labkit:...", as vLLM's "vllm:...")
-    GET  /openapi.json          the OpenAPI schema FastAPI generates from these routes; /docs (Swagger UI) and
+    GET  /openapi.json          the OpenAPI schema FastAPI generates from these routes, with the request bodies
+                                (protocol's models) and every status each route answers; /docs (Swagger UI) and
                                 /redoc render it, as vLLM serves them (the pages load their scripts from a CDN: in
                                 a browser offline they stay blank, /openapi.json does not)
 
-A POST whose Content-Type is not application/json gets a 415 (protocol.check_content_type; vLLM refuses it too).
+A POST whose Content-Type is not application/json gets a 415 (protocol.check_content_type; vLLM refuses it too);
+a method a path does not serve gets a 405 whose `Allow` header lists those it does.
 Streams are OpenAI's: `data: {chunk json}` events, a usage chunk (choices []) when stream_options.include_usage,
 then `data: [DONE]` sent raw. Every error is OpenAI's body (protocol.APIError) with a 4xx (bad input, FastAPI's
 own validation errors included) or 503 (not ready); anything unexpected is a 500 with that body and no
@@ -34,14 +36,13 @@ import time
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from starlette.exceptions import HTTPException
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .._checks import Refusal, check_int, check_number, check_type, fail
 from ..kv_cache import LargerThanPoolError
+from . import protocol
 from .processor import message_parts
-from .protocol import APIError, Reply, check_content_type, parse_body, parse_request, refusal, request_schema, sse
+from .protocol import APIError, Reply, check_content_type, parse_body, parse_request, refusal, sse
 from .service import Service, ServiceUnavailable
 
 log = logging.getLogger("labkit.serving")
@@ -94,10 +95,6 @@ def prometheus_text(stats: dict, model_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
-
-
 def _internal(message: str = "internal server error") -> APIError:
     return APIError(500, message, type="server_error", code="internal_error")
 
@@ -122,7 +119,7 @@ class _CatchAll:
         except Exception:  # noqa: BLE001 - the point of this middleware
             log.exception("unexpected error serving %s", scope.get("path"))
             if scope["type"] == "http" and not started:
-                await _error_response(_internal())(scope, receive, send)
+                await protocol.error_response(_internal())(scope, receive, send)
 
 
 async def _submit(service: Service, req):
@@ -190,97 +187,119 @@ async def _events(stream, reply: Reply, req):
     yield sse("[DONE]")
 
 
+SERVICE_ERRORS = {500: "an unexpected error (its traceback goes to the server's log, never to the client)"}
+GENERATION_ERRORS = {
+    400: "a bad request: a body that is not a JSON object, a field of the wrong type, out of range, unknown or not "
+         "supported (`param` names it), a prompt the model cannot take, or one larger than the KV cache",
+    404: "an unknown model (code model_not_found)",
+    413: f"a body larger than {MAX_BODY_BYTES:,} bytes",
+    415: "a Content-Type other than application/json",
+    503: "the model is not ready (code model_not_ready: loading, failed or stopped)"}
+HEALTH_503 = {503: {"description": 'not ready: {"status": "loading" | "failed" | "stopped", "error"?, "engine"?}',
+                    "content": {"application/json": {}}}}
+
+
 def make_app(service: Service, model_name: str = "tinylm") -> FastAPI:
     """The FastAPI app serving `service` under the model id `model_name`."""
     check_type("service", service, Service, "a labkit.serving.Service")
     if not check_type("model_name", model_name, str, "a non-empty str (the model id clients send)"):
         fail("model_name", model_name, "a non-empty str (the model id clients send)")
-    app = FastAPI(title="labkit serving", summary="An OpenAI-compatible API over a labkit.serving.Service")
+    app = FastAPI(title="labkit serving", summary="An OpenAI-compatible API over a labkit.serving.Service",
+                  responses=protocol.error_answers(SERVICE_ERRORS))
     app.add_middleware(_CatchAll)
+    protocol.add_error_handlers(app)
+    _status_routes(app, service, model_name)
+    _generation_routes(app, service, model_name)
+    protocol.publish(app)
+    return app
+
+
+def _status_routes(app: FastAPI, service: Service, model_name: str) -> None:
+    """GET /health, /v1/models, /v1/models/{model_id} and /metrics."""
     created = int(time.time())
 
-    @app.exception_handler(APIError)
-    async def api_error(request, exc: APIError):
-        return _error_response(exc)
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "labkit"}
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request, exc: RequestValidationError):
-        first = (exc.errors() or [{}])[0]
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _error_response(APIError(400, f"{param or 'request'}: {first.get('msg', 'invalid')}", param,
-                                        "invalid_value"))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, exc: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return _error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                        code=code))
-
-    @app.get("/health")
+    @app.get("/health", responses=HEALTH_503)
     async def health():
+        """200 {"status": "ready"} once warmup succeeded, else 503; with the engine in its own process also
+        "engine": {"pid", "alive"}."""
         status = 200 if service.state == "ready" else 503
         body = {"status": service.state, **({"error": service.error} if service.error else {})}
         if service.engine_pid != os.getpid():  # the engine in its own process: which, and whether it runs
             body["engine"] = {"pid": service.engine_pid, "alive": service.alive}
         return JSONResponse(body, status_code=status)
 
-    def model_card() -> dict:
-        return {"id": model_name, "object": "model", "created": created, "owned_by": "labkit"}
-
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses=protocol.error_answers({404: "an unknown model"}))
     async def model(model_id: str):
         if model_id != model_name:
             raise APIError(404, f"the model {model_id!r} does not exist; this server serves {model_name!r}",
                            "model", "model_not_found")
         return model_card()
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
+        """Prometheus' text format (version 0.0.4)."""
         return PlainTextResponse(prometheus_text(service.stats(), model_name),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def generate(request: Request, kind: str):
-        check_content_type(request.headers.get("content-type"))  # a header: before the body is read
-        declared = request.headers.get("content-length", "")
-        size = int(declared) if declared.isdigit() else len(await request.body())
-        if size > MAX_BODY_BYTES:  # refused before it is read or parsed
-            raise APIError(413, f"the request body must be at most {MAX_BODY_BYTES} bytes, got {size}",
-                           code="request_too_large")
-        req = parse_request(parse_body(await request.body()), kind, model_name)
-        stream = await _submit(service, req)
-        reply = Reply(kind, model_name)
-        if req.stream:
-            return StreamingResponse(_events(stream, reply, req), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        collect = asyncio.ensure_future(stream.collect())
-        try:
-            while not (await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S))[0]:
-                if await request.is_disconnected():  # a non-streaming client that left is aborted too
-                    collect.cancel()
-                    return PlainTextResponse("", status_code=499)
-            out = collect.result()
-        finally:
-            stream.abort()  # the client left or the handler was cancelled: drop the request (no-op when done)
-        if out.error:
-            raise _internal(out.error)
-        return reply.full(out.text, out.finish_reason, Reply.usage(stream.num_prompt_tokens, out.num_tokens))
 
-    @app.post("/v1/completions", openapi_extra=request_schema("completion"))
+def _generation_routes(app: FastAPI, service: Service, model_name: str) -> None:
+    """POST /v1/completions and /v1/chat/completions: the body checked (protocol.parse_request), then the
+    answer whole or streamed."""
+    responses = {**protocol.SSE_OK, **protocol.error_answers(GENERATION_ERRORS), **protocol.CLIENT_LEFT}
+
+    @app.post("/v1/completions", openapi_extra=protocol.request_schema("completion"), responses=responses)
     async def completions(request: Request):
         """A completion of `prompt` (OpenAI's Completions API); `"stream": true` sends server-sent events."""
-        return await generate(request, "completion")
+        req = await _read(request, "completion", model_name)
+        return await _generate(service, request, req, model_name)
 
-    @app.post("/v1/chat/completions", openapi_extra=request_schema("chat"))
+    @app.post("/v1/chat/completions", openapi_extra=protocol.request_schema("chat"), responses=responses)
     async def chat_completions(request: Request):
         """The assistant's reply to `messages` (OpenAI's Chat Completions API); `"stream": true` sends
         server-sent events."""
-        return await generate(request, "chat")
+        req = await _read(request, "chat", model_name)
+        return await _generate(service, request, req, model_name)
 
-    return app
+
+async def _read(request: Request, kind: str, model_name: str) -> protocol.GenerationRequest:
+    """The request's body checked in the order a client can fix it: its Content-Type (415), its size before it
+    is read (413), JSON (400), then its fields (400, or 404 for an unknown model)."""
+    check_content_type(request.headers.get("content-type"))  # a header: before the body is read
+    declared = request.headers.get("content-length", "")
+    size = int(declared) if declared.isdigit() else len(await request.body())
+    if size > MAX_BODY_BYTES:  # refused before it is read or parsed
+        raise APIError(413, f"the request body must be at most {MAX_BODY_BYTES} bytes, got {size}",
+                       code="request_too_large")
+    return parse_request(parse_body(await request.body()), kind, model_name)
+
+
+async def _generate(service: Service, request: Request, req: protocol.GenerationRequest, model_name: str):
+    """Run `req` on `service`: its stream of server-sent events, or its whole answer once done (a client that
+    leaves first aborts it)."""
+    stream = await _submit(service, req)
+    reply = Reply(req.kind, model_name)
+    if req.stream:
+        return StreamingResponse(_events(stream, reply, req), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    collect = asyncio.ensure_future(stream.collect())
+    try:
+        while not (await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():  # a non-streaming client that left is aborted too
+                collect.cancel()
+                return Response(status_code=499)
+        out = collect.result()
+    finally:
+        stream.abort()  # the client left or the handler was cancelled: drop the request (no-op when done)
+    if out.error:
+        raise _internal(out.error)
+    return reply.full(out.text, out.finish_reason, Reply.usage(stream.num_prompt_tokens, out.num_tokens))
 
 
 class ServerThread:

@@ -45,7 +45,7 @@ class StepInput:
     tokens, positions, slots: int64 [N]; query_lens, context_lens, block_tables: one entry per sequence, in the
     order of the packed tokens; sample_rows: the sequences (indices) whose last token's logits are wanted.
     swap_out: (key, blocks) to copy to host memory before anything is written; drop: keys whose host copy is
-    no longer needed (aborted); copies: copy-on-write block copies (src, dst); swap_in: (key, first, blocks):
+    not needed (aborted); copies: copy-on-write block copies (src, dst); swap_in: (key, first, blocks):
     host blocks first, first + 1, ... of key go back into `blocks` (the ones before `first` were prefix hits).
     embeds: None, or (rows int64 [n] into the packed tokens, values [n, d_model]): image features that replace
     those tokens' embeddings (lab 07, labkit.serving.mm.step_embeds)."""
@@ -101,7 +101,7 @@ class StepCost:
         return self.overhead + self.per_token * num_tokens + self.per_seq * num_seqs if num_tokens else 0.0
 
 
-SPLIT_KEYS = 2048  # key positions a new decode group must save to pay for its calls (measured: issue 27)
+SPLIT_KEYS = 2048  # key positions a new decode group must save to pay for its calls (benchmarks/RESULTS.md, lab 06)
 
 
 def slot_table(block_tables: list[list[int]], lengths: list[int], block_size: int) -> torch.Tensor:

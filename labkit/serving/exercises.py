@@ -7,26 +7,36 @@ them):
     TPOT     tpot(arrival, token_times) -> seconds per output token after the first, None for one token
                                                                               (section 4)
 
-The references are the package's own code: top-p is labkit.serving.sampling's chain (with only top_p on), TPOT
-is labkit.serving.metrics' definition; the admission rule is written out here as the scheduler applies it
-(tests/serving/test_exercises.py checks it against labkit.serving.scheduler.Scheduler itself).
+TPOT's reference is labkit.serving.metrics' definition; top-p's rule and the admission rule are written out here
+as the package applies them (tests/serving/test_exercises.py checks them against labkit.serving.sampling and
+labkit.serving.scheduler.Scheduler themselves).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .._checks import check_number, check_type, fail
 from ..course import Exercise
 from ..kv_cache import blocks_needed
 from ..rng import Rng
 from .metrics import RequestTimes, request_metrics
-from .sampling import SamplingParams, probabilities
 
 
 def top_p_filter(probs: torch.Tensor, p: float) -> torch.Tensor:
-    """probs [V] (float64, summing to 1) after top-p: keep the most likely tokens until their mass reaches p,
-    the token that crosses p included, then renormalise. The sampling module's own chain, top_p alone."""
-    return probabilities(torch.log(probs), SamplingParams(temperature=1.0, top_p=p))
+    """probs [V] (float64, summing to 1) after top-p with threshold p in (0, 1]: the smallest set of most likely
+    tokens whose mass reaches p (the token that crosses p included), and with it every token tied with the least
+    likely one kept, so that the answer depends on the values, never on the order of the vocabulary; then
+    renormalised. A token is kept iff the tokens strictly more likely than it hold less than p: the rule of
+    labkit.serving.sampling's top-p (tests/serving/test_exercises.py checks that they agree)."""
+    check_type("probs", probs, torch.Tensor, "a 1-D float64 tensor of probabilities")
+    if probs.dim() != 1 or probs.dtype != torch.float64 or not len(probs) or (probs < 0).any():
+        fail("probs", probs, "a 1-D float64 tensor of probabilities (non-negative, summing to 1)")
+    if check_number("p", p, low=0.0, high=1.0) == 0:
+        fail("p", p, "a number in (0, 1] (1 keeps every token)")
+    ahead = torch.where(probs[None, :] > probs[:, None], probs[None, :], 0.0).sum(1)  # [V]: mass more likely
+    kept = torch.where(ahead < p, probs, 0.0)
+    return kept / kept.sum()
 
 
 def _random_probs(rng: Rng, vocab: int) -> torch.Tensor:
@@ -34,15 +44,39 @@ def _random_probs(rng: Rng, vocab: int) -> torch.Tensor:
     return torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64) * (0.5 + rng.below(4)), 0)
 
 
+def _tied_probs(rng: Rng) -> tuple[torch.Tensor, float]:
+    """Probabilities in 64ths (exact in float64, so every sum is exact in any order) made of runs of equal values,
+    in shuffled order, and a p that lands on a tie: inside a run of equal values, or exactly on a cumulative sum."""
+    counts, left = [], 64
+    while left:
+        value = 1 + rng.below(12)
+        for _ in range(1 + rng.below(3)):
+            take = min(value, left)
+            counts.append(take)
+            left -= take
+            if not left:
+                break
+    order = sorted(counts, reverse=True)
+    at = rng.below(len(order))  # p lands inside (or at the end of) sorted value number `at`
+    p = (sum(order[:at]) + (order[at] if rng.below(2) else 1)) / 64
+    shuffled = [counts.pop(rng.below(len(counts))) for _ in range(len(counts))]
+    return torch.tensor(shuffled, dtype=torch.float64) / 64, p
+
+
 def random_top_p_case(rng: Rng) -> tuple[torch.Tensor, float]:
+    """Half the cases softmax probabilities (no ties), half probabilities with ties at the threshold."""
+    if rng.below(2):
+        return _tied_probs(rng)
     return _random_probs(rng, 2 + rng.below(40)), (1 + rng.below(99)) / 100
 
 
 TOP_P = Exercise("top_p_filter", top_p_filter, cases=[
-    (torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], dtype=torch.float64), 0.6),    # 0.5 < 0.6: 0.2 crosses, kept
-    (torch.tensor([0.1, 0.4, 0.05, 0.3, 0.15], dtype=torch.float64), 0.75),   # not sorted: 0.4, 0.3, 0.15 kept
-    (torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64), 0.05),               # the top token alone
-    (torch.tensor([0.25, 0.35, 0.4], dtype=torch.float64), 0.999)],           # every token
+    (torch.tensor([0.1, 0.4, 0.05, 0.3, 0.15], dtype=torch.float64), 0.75),          # not sorted
+    (torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=torch.float64), 0.75),            # a sum lands exactly on p
+    (torch.tensor([0.25, 0.5, 0.125, 0.125], dtype=torch.float64), 0.8),             # a tie crosses p
+    (torch.tensor([0.125, 0.375, 0.125, 0.375], dtype=torch.float64), 0.1),          # a tie at the top
+    (torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64), 0.05),
+    (torch.tensor([0.25, 0.35, 0.4], dtype=torch.float64), 0.999)],
     random_case=random_top_p_case)
 
 

@@ -36,9 +36,10 @@ from ..paths import ROOT, TINYLM_CHECKPOINT
 class ServiceProcess:
     """`python -m labkit.serving --model MODEL --port PORT [args]` running in a child process (MODEL: a TinyLM
     checkpoint or a release folder; PORT 0: a free one the service picks): `url` is its OpenAI base URL
-    (http://127.0.0.1:PORT/v1) once /health answered 200; torch runs on `threads` threads (OMP_NUM_THREADS: TinyLM's matmuls are too small to gain from
-    more, see the notebook). Use it in a `with` block (or call stop() in a finally): the process is stopped
-    (SIGTERM, then kill) whatever happens, and its exit code is in `returncode`."""
+    (http://127.0.0.1:PORT/v1) once /health answered 200; torch runs on `threads` threads (OMP_NUM_THREADS:
+    TinyLM's matmuls are too small to gain from more, see the notebook). Use it in a `with` block (or call stop()
+    in a finally): the process is stopped (SIGTERM, then kill) whatever happens, and its exit code is in
+    `returncode`."""
 
     def __init__(self, model=TINYLM_CHECKPOINT, args: Iterable[str] = (), timeout: float = 60.0, threads: int = 1,
                  port: int = 0):

@@ -1,14 +1,21 @@
-"""OpenAI's wire format for the service (notebook 06, section 6): request bodies checked field by field, the chat
-template, response and stream-chunk bodies, and the error body. api.py routes HTTP to these.
+"""OpenAI's wire format for the service (notebook 06, section 6) and lab 08's router: the request bodies as
+pydantic models, the response and stream-chunk bodies, the error body, and what both HTTP apps say about their
+answers in /openapi.json. api.py and labkit.cluster.router route HTTP to these.
 
-Errors are OpenAI's body, {"error": {"message", "type", "param", "code"}}: a field of the wrong type or out of
-range is a 400 naming it (`param`), an unknown model a 404 "model_not_found". Fields this server does not
-implement (logprobs, echo, suffix, penalties, logit_bias, tools, n > 1, ...) are refused with a 400 naming them
-unless they hold their default value; "user" is accepted and ignored; any other unknown field is a 400. A body
-whose Content-Type is not application/json is a 415 (check_content_type). An empty prompt is refused as vLLM
-refuses it ("Either prompt or prompt_embeds must be provided and non-empty.", CompletionRequest in
-vllm/entrypoints/openai/completion/protocol.py), naming `prompt`. request_schema() describes the bodies for
-/openapi.json.
+Each request is declared once, as a pydantic model (CompletionRequest, ChatCompletionRequest, as vLLM's OpenAI
+server declares them): parse_request validates a body with it and /openapi.json publishes its JSON schema
+(request_schema, publish). A field sent as null takes its default. Fields this server does not implement
+(logprobs, echo, suffix, penalties, logit_bias, tools, n > 1, ...) are accepted only at their default value;
+"user" is accepted and ignored; any other field is refused.
+
+Errors are OpenAI's body, {"error": {"message", "type", "param", "code"}} (labkit.serving.errors): a field of the
+wrong type or out of range is a 400 naming it (`param`, the field's path: max_tokens, messages[0].content[1].type)
+in the message "<param> must be <what was expected>, got <the value>", an unknown model a 404 "model_not_found".
+A body whose Content-Type is not application/json is a 415 (check_content_type). An empty prompt is refused as
+vLLM refuses it ("Either prompt or prompt_embeds must be provided and non-empty.", CompletionRequest in
+vllm/entrypoints/openai/completion/protocol.py), naming `prompt`. A 405 carries the `Allow` header (RFC 9110,
+section 15.5.6) listing the methods the path serves. Every status a route answers is in /openapi.json
+(error_answers, SSE_OK, CLIENT_LEFT); FastAPI's 422 is not, as no route answers it (publish).
 
 The chat template is the processor's (labkit.serving.processor): a chat request's `messages` are checked
 against OpenAI's schema here (text and image_url parts) and handed on whole, not flattened to text. A newline
@@ -19,54 +26,134 @@ is not part of it).
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from .._checks import (Refusal, check_bool, check_choice, check_int, check_number, check_positive_int, check_type,
-                       fail, is_number)
-from .processor import CHAT_ROLES, message_parts, prompt_text
+from fastapi import FastAPI
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      WithJsonSchema, create_model, model_validator)
+from pydantic.json_schema import models_json_schema
+
+from .._checks import check_choice, is_number
+from .errors import APIError, ErrorResponse, Unsupported, invalid, refusal
+from .errors import add_error_handlers as add_error_handlers  # for lab 08's router, which reaches labkit.serving
+from .errors import error_response as error_response  # through its face: this module
+from .processor import CHAT_ROLES
 from .sampling import SamplingParams
 
 CHAT_STOP = ("\n",)
 MAX_STOP = 4  # OpenAI's limit on stop sequences
-IGNORED = ("user",)
 # field -> its default: accepted with that value (or null), refused with any other
 DEFAULT_ONLY = {"n": 1, "best_of": 1, "echo": False, "logprobs": False, "top_logprobs": 0, "presence_penalty": 0,
                 "frequency_penalty": 0, "logit_bias": {}, "suffix": "", "tools": [], "tool_choice": "none",
                 "response_format": {"type": "text"}, "parallel_tool_calls": False}
-SAMPLING = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
-            "stream_options")
-FIELDS = {"completion": SAMPLING + ("prompt",), "chat": SAMPLING + ("messages", "max_completion_tokens")}
+SCHEMAS = "#/components/schemas/"  # where /openapi.json keeps the models' schemas
 
 
-class APIError(Exception):
-    """An error the client gets as OpenAI's body with HTTP `status`."""
+# ---- the request bodies --------------------------------------------------------------------------------------
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # no coercion ("5" is not 5), no extras
+_OPEN = ConfigDict(strict=True, extra="allow")  # a message or a part: other fields (name, detail) are ignored
+Text = Annotated[str, Field(min_length=1)]
 
 
-FIELD_PATH = re.compile(r"[A-Za-z_]\w*(?:\[\d+\]|\.\w+)*")
-"""A field as OpenAI's `param` names it: max_tokens, messages[0].content[1].image_url.url"""
+def _integral(value):
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def refusal(error: Exception, param: str | None = None, default: str | None = None) -> APIError:
-    """A 400 from a labkit refusal (an error raised by labkit._checks.fail, its Refusal attached): `param` when
-    given, else the refused argument's name when it is a request field path (messages[0].content[1].type),
-    else `default`."""
-    message = str(error)
-    refused = getattr(error, "refusal", None)
-    name = refused.name if isinstance(refused, Refusal) else None
-    name = param or (name if name and FIELD_PATH.fullmatch(name) else default)
-    code = "invalid_type" if isinstance(error, TypeError) else "invalid_value"
-    return APIError(400, message, name, code)
+def _int(**bounds):
+    """JSON Schema's integer within `bounds` (Field's ge, le): a number without a fractional part (5.0 is 5),
+    never a bool or a string. (The bounds go before the validator, or the schema would not show them.)"""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
+
+
+def _same(value, default) -> bool:
+    if is_number(default) and not isinstance(default, bool):
+        return is_number(value) and value == default
+    return type(value) is type(default) and value == default
+
+
+def _default_only(default: Any):
+    """The type of a field this server does not implement: its default (or null) passes, anything else is
+    refused (Unsupported); the schema says so."""
+    def check(value):
+        if value is not None and not _same(value, default):
+            raise Unsupported(default)
+        return value
+    schema = {"anyOf": [{"const": default}, {"type": "null"}], "description": "not supported: only the default"}
+    return Annotated[Any, AfterValidator(check), WithJsonSchema(schema)]
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class _Fields(BaseModel):
+    model_config = _STRICT
+    model: str = Field(description="the served model's id (GET /v1/models)")
+    max_tokens: _int(ge=1) | None = 16
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
+    top_k: _int(ge=-1) | None = Field(0, description="0 or -1: off")
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = 0.0
+    seed: _int(ge=0, le=2**64 - 1) | None = None  # torch's seeds
+    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP)] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    user: str | None = Field(None, description="accepted and ignored")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}  # unknown: refused
+
+
+_Request = create_model("_Request", __base__=_Fields,
+                        **{name: (_default_only(default), None) for name, default in DEFAULT_ONLY.items()})
+"""The fields both requests share: the model, sampling, stop, streaming, and the ones not implemented."""
+
+
+class CompletionRequest(_Request):
+    """POST /v1/completions (OpenAI's Completions API)."""
+    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
+        description="a non-empty string, or a list of one (token ids and batches are not supported)")
+
+
+class ImageURL(BaseModel):
+    model_config = _OPEN
+    url: str = Field(description="a data URL, data:image/<type>;base64,<data>")
+
+
+class TextPart(BaseModel):
+    model_config = _OPEN
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(BaseModel):
+    model_config = _OPEN
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class ChatMessage(BaseModel):
+    model_config = _OPEN
+    role: Literal[CHAT_ROLES]
+    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]]
+
+
+class ChatCompletionRequest(_Request):
+    """POST /v1/chat/completions (OpenAI's Chat Completions API)."""
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: _int(ge=1) | None = Field(None, description="overrides max_tokens")
+
+
+REQUESTS = {"completion": CompletionRequest, "chat": ChatCompletionRequest}
 
 
 @dataclass(frozen=True)
@@ -91,33 +178,6 @@ def check_content_type(value: str | None) -> None:
                        code="unsupported_media_type")
 
 
-_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
-_TEXT = {"type": "string", "minLength": 1}
-_TYPES = {"model": {"type": "string"},
-          "prompt": {"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1}]},
-          "messages": {"type": "array", "minItems": 1, "items": {
-              "type": "object", "required": ["role", "content"],
-              "properties": {"role": {"enum": list(CHAT_ROLES)}, "content": _CONTENT}}},
-          "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
-          "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-          "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "top_k": {"type": "integer", "minimum": -1},
-          "min_p": {"type": "number", "minimum": 0, "maximum": 1}, "seed": {"type": "integer", "minimum": 0},
-          "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP}]},
-          "stream": {"type": "boolean"},
-          "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-          "user": {"type": "string"}}
-
-
-def request_schema(kind: str) -> dict:
-    """The OpenAPI requestBody of a `kind` ("completion" or "chat") request: the fields parse_request reads,
-    for FastAPI's generated /openapi.json (the routes read the raw body, so FastAPI cannot infer it)."""
-    check_choice("kind", kind, tuple(FIELDS))
-    required = ["model", "prompt" if kind == "completion" else "messages"]
-    schema = {"type": "object", "required": required,
-              "properties": {name: _TYPES[name] for name in FIELDS[kind] + IGNORED}}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
 def parse_body(raw: bytes) -> dict:
     """The JSON object of a request body, or a 400."""
     try:
@@ -134,85 +194,35 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def _get(body: dict, name: str, check, default=None):
-    value = body.get(name)
-    if value is None:
-        return default
-    try:
-        return check(name, value)
-    except (TypeError, ValueError) as e:
-        raise refusal(e, name) from None
-
-
-def _same(value, default) -> bool:
-    if is_number(default) and not isinstance(default, bool):
-        return is_number(value) and value == default
-    return type(value) is type(default) and value == default
-
-
-def _stop(name: str, value) -> tuple[str, ...]:
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        fail(name, value, "a string or a list of strings", TypeError)
-    if len(stops) > MAX_STOP or not all(stops):
-        fail(name, value, f"at most {MAX_STOP} non-empty strings")
-    return tuple(stops)
-
-
-def _stream_options(name: str, value) -> bool:
-    check_type(name, value, dict, 'an object such as {"include_usage": true}')
-    if set(value) - {"include_usage"}:
-        fail(name, value, 'an object with only "include_usage"')
-    return check_bool("stream_options.include_usage", value.get("include_usage", False))
-
-
 def parse_request(body: dict, kind: str, model_name: str) -> GenerationRequest:
-    """Check every field of a completion (`kind` "completion") or chat ("chat") request body."""
-    for name, value in body.items():
-        if name in DEFAULT_ONLY:
-            if value is not None and not _same(value, DEFAULT_ONLY[name]):
-                raise APIError(400, f"{name} is not supported by this server (only {json.dumps(DEFAULT_ONLY[name])}),"
-                                    f" got {json.dumps(value)[:80]}", name, "unsupported_value")
-        elif name not in FIELDS[kind] and name not in IGNORED:
-            raise APIError(400, f"unrecognized request argument: {name}", name, "unknown_parameter")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise APIError(400, f"model must be a string (the model's id, {model_name!r}), got {json.dumps(model)}",
-                       "model", "invalid_type" if model is not None else "missing_required_parameter")
-    if model != model_name:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves {model_name!r}", "model",
+    """Validate a completion (`kind` "completion") or chat ("chat") request body with its model (REQUESTS);
+    the 400 names the first bad field, the 404 an unknown model."""
+    check_choice("kind", kind, tuple(REQUESTS))
+    try:
+        req = REQUESTS[kind].model_validate(body)
+    except ValidationError as e:
+        raise invalid(e.errors(), body) from None
+    if req.model != model_name:
+        raise APIError(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}", "model",
                        "model_not_found")
-    required = "prompt" if kind == "completion" else "messages"
-    if body.get(required) is None:
-        raise APIError(400, f"{required} is a required field", required, "missing_required_parameter")
-    if kind == "completion":
-        prompt = _get(body, "prompt", prompt_text)
-    else:
-        prompt = body["messages"]
-        try:  # the shape only (roles, parts); the model's processor reads the contents
-            message_parts(prompt)
-        except (TypeError, ValueError) as e:
-            raise refusal(e, default="messages") from None
-    max_tokens = _get(body, "max_tokens", lambda n, v: check_positive_int(n, v, "tokens"), 16)
-    max_tokens = _get(body, "max_completion_tokens", lambda n, v: check_positive_int(n, v, "tokens"), max_tokens)
-    top_k = _get(body, "top_k", lambda n, v: check_int(n, v, -1), 0)
-    stream = _get(body, "stream", check_bool, False)
-    include_usage = _get(body, "stream_options", _stream_options, False)
-    if body.get("stream_options") is not None and not stream:
+    if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options", "invalid_value")
     try:
         params = SamplingParams(
-            max_tokens=max_tokens, top_k=max(top_k, 0),
-            temperature=_get(body, "temperature", lambda n, v: check_number(n, v, 0.0, 2.0), 1.0),
-            top_p=_get(body, "top_p", lambda n, v: check_number(n, v, 0.0, 1.0, low_open=True), 1.0),
-            min_p=_get(body, "min_p", lambda n, v: check_number(n, v, 0.0, 1.0), 0.0),
-            seed=_get(body, "seed", lambda n, v: check_int(n, v, 0)))
+            max_tokens=getattr(req, "max_completion_tokens", None) or req.max_tokens, top_k=max(req.top_k, 0),
+            temperature=req.temperature, top_p=req.top_p, min_p=req.min_p, seed=req.seed)
     except (TypeError, ValueError) as e:
         raise refusal(e) from None
-    stop = _get(body, "stop", _stop, ())
-    return GenerationRequest(kind, prompt, params, (stop + CHAT_STOP) if kind == "chat" else stop, stream,
-                             include_usage)
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if kind == "completion":
+        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+    else:
+        prompt = body["messages"]  # as sent: the processor reads the contents
+    return GenerationRequest(kind, prompt, params, (stop + CHAT_STOP) if kind == "chat" else stop, req.stream,
+                             req.stream_options is not None and req.stream_options.include_usage)
 
+
+# ---- the answers ---------------------------------------------------------------------------------------------
 
 class Reply:
     """The response bodies of one request: the whole answer, or its stream chunks (OpenAI's shapes)."""
@@ -256,3 +266,46 @@ def sse(data) -> str:
     """One server-sent event; a dict goes as JSON, a str (the final "[DONE]") raw, as the openai client expects."""
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
+
+# ---- what /openapi.json says ---------------------------------------------------------------------------------
+
+def request_schema(kind: str) -> dict:
+    """A route's `openapi_extra` for a `kind` ("completion" or "chat") request: its body is the model's schema
+    (the routes read the raw body, so FastAPI cannot infer it; publish() puts the schema in components)."""
+    check_choice("kind", kind, tuple(REQUESTS))
+    schema = {"$ref": SCHEMAS + REQUESTS[kind].__name__}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def error_answers(descriptions: dict[int, str]) -> dict:
+    """A route's `responses` for the error statuses it answers ({status: what it means}), each OpenAI's body."""
+    content = {"application/json": {"schema": {"$ref": SCHEMAS + ErrorResponse.__name__}}}  # publish() puts it there
+    return {status: {"description": text, "content": content} for status, text in descriptions.items()}
+
+
+SSE_OK = {200: {"description": "the answer (application/json), or with \"stream\": true its server-sent events",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+"""The 200 of a generation route: OpenAI's JSON body, or its stream."""
+CLIENT_LEFT = {499: {"description": "the client closed the connection before the answer (nothing reaches it)"}}
+
+
+def publish(app: FastAPI) -> None:
+    """Make app.openapi() (its /openapi.json) say what the app answers: the request models' and the error body's
+    schemas in components/schemas, where request_schema() and error_answers() refer, and no 422, which FastAPI lists
+    for a route with parameters while add_error_handlers answers their validation errors with a 400."""
+    generate = app.openapi
+    models = [*REQUESTS.values(), ErrorResponse]
+    _, defs = models_json_schema([(m, "validation") for m in models], ref_template=SCHEMAS + "{model}")
+
+    def openapi() -> dict:
+        schema = generate()  # FastAPI's, generated once and kept; the edits below are idempotent
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(defs["$defs"])
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        return schema
+
+    app.openapi = openapi

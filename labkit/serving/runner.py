@@ -40,9 +40,9 @@ def check_runner(runner) -> "Runner":
     """`runner` if it has what the Engine needs (Runner), else a TypeError saying what is missing."""
     missing = [a for a in ("cfg", "num_blocks", "block_size", "execute", "close") if not hasattr(runner, a)]
     if missing or not isinstance(runner.cfg, TinyLMConfig) or not callable(runner.execute):
+        lacks = "; it lacks " + ", ".join(missing) if missing else ""
         fail("runner", type(runner).__name__, "a model runner (cfg: TinyLMConfig, num_blocks, block_size, "
-             f"execute(StepInput), close()), e.g. ModelRunner or TPRunner{'; it lacks ' + ', '.join(missing) if missing else ''}",
-             TypeError)
+             f"execute(StepInput), close()), e.g. ModelRunner or TPRunner{lacks}", TypeError)
     return runner
 
 

@@ -71,7 +71,8 @@ class SamplingParams:
         if self.seed is not None:
             check_int("seed", self.seed, 0, 2**64 - 1)  # torch's seed range
         ids = self.stop_token_ids
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, (tuple, list)) or not all(is_int(t) and t >= 0 for t in ids):
+        if (isinstance(ids, (str, bytes)) or not isinstance(ids, (tuple, list))
+                or not all(is_int(t) and t >= 0 for t in ids)):
             fail("stop_token_ids", ids, "a tuple of token ids (non-negative ints)", TypeError)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 

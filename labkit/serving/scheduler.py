@@ -84,7 +84,8 @@ class Scheduler:
             fail("block_manager", block_manager, "a labkit.kv_cache.BlockManager", TypeError)
         check_type("config", config, EngineConfig, "an EngineConfig")
         if config.max_num_batched_tokens is None:
-            fail("config.max_num_batched_tokens", None, "a number of tokens per step (EngineConfig.resolve fills it in)")
+            fail("config.max_num_batched_tokens", None,
+                 "a number of tokens per step (EngineConfig.resolve fills it in)")
         self.bm = block_manager
         self.policy, self.preemption, self.max_wait = config.policy, config.preemption, config.max_wait
         self.queue_order = config.order
@@ -133,7 +134,8 @@ class Scheduler:
     def order(self, seq: Sequence, now: float) -> tuple:
         """Sort key: aged requests first (by arrival), then priority, then the queue order's length (0 under
         fcfs), then arrival (see the module docstring)."""
-        aged = self.max_wait is not None and now - seq.arrival >= self.max_wait  # running too: an aged request is never the victim
+        # running too: an aged request is never the victim
+        aged = self.max_wait is not None and now - seq.arrival >= self.max_wait
         if aged:
             return (-math.inf, 0, seq.arrival, seq.request_id)
         return (seq.priority, self.length(seq), seq.arrival, seq.request_id)

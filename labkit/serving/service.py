@@ -14,7 +14,7 @@ detokenization path, the same typed messages (labkit.serving.core) either way.
                    everything shares this interpreter (and its GIL) with the HTTP server
     process=True   a spawned engine-core process (core.run_engine_core) builds the engine with `load()` and
                    runs the EngineCore; commands go down a pipe as pickled messages, and this process's output
-                   thread reads one Outputs per step and turns it into text. The engine's steps no longer wait
+                   thread reads one Outputs per step and turns it into text. The engine's steps do not wait
                    for the HTTP server or the detokenizer, nor they for it. A process that dies (killed, out of
                    memory) fails the service: its requests end with an error chunk, new ones are refused.
 

@@ -49,7 +49,7 @@ def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0,
 
     normalize=True follows the newer vllm/benchmarks/serve.py instead: n gaps (the first request also waits
     one), summed, then all scaled so the last arrival is exactly n / rate; that steadies throughput across
-    seeds but the gaps are then no longer exactly gamma-distributed."""
+    seeds but the gaps are then not exactly gamma-distributed."""
     n = check_positive_int("n", n, "requests")
     rate = _check_rate("rate", rate, "requests/s")
     burstiness = _check_rate("burstiness", burstiness, "gamma shape; 1 = Poisson")

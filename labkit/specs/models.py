@@ -230,7 +230,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
               source="Jiang et al., Mixtral of Experts (arXiv:2401.04088): 47B total, 13B active; "
                      "mistral.ai/news/mixtral-of-experts: 46.7B total, 12.9B per token"),
     ModelSpec("dense-320b", 100, 16384, 128, 8, 53248, 128256, 8192, published_params=320e9,
-              source="hypothetical: the source material's 320B model, given Llama-3-405B widths and 100 layers"),
+              source="hypothetical: the 320B model of \"Hardware Challenges in Large Model Deployment\", given "
+                     "Llama-3-405B widths and 100 layers"),
     ModelSpec("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072, published_params=405e9,
               source="Llama Team, The Llama 3 Herd of Models (arXiv:2407.21783), Table 3: 126 layers, model "
                      "dimension 16,384, FFN 53,248, 128 heads, 8 KV heads; 405B parameters"),
@@ -251,7 +252,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
                      "1 shared, first layer dense; 1.04T total, 32B activated"),
     ModelSpec("moe-3t", 77, 12288, 96, 8, 16384, 128256, 8192, n_experts=64, experts_per_token=2,
               published_params=3e12,
-              source="hypothetical: the source material's 3-trillion-parameter model as a 64-expert, top-2 MoE"),
+              source="hypothetical: the 3-trillion-parameter model of \"Engineering Trillion-Parameter Model "
+                     "Instant Adaptation on Domestic AI Hardware\" as a 64-expert, top-2 MoE"),
 ]}
 
 

@@ -30,6 +30,7 @@ from safetensors.torch import load, save
 from .._checks import check_type
 from ..paths import TINYLM_CHECKPOINT as CHECKPOINT
 from .config import TinyLMConfig, check_tinylm
+from .header import HeaderError, TensorInfo, read_header
 from .model import TinyLM
 from .tokenizer import ByteTokenizer
 
@@ -207,29 +208,13 @@ def _data(blob: bytes) -> bytes:
     return blob[8 + struct.unpack("<Q", blob[:8])[0]:]
 
 
-def _header(blob: bytes, file: Path) -> dict:
-    """The safetensors header of `blob`, checked against the file's length (a cut names its first tensor)."""
-    n = struct.unpack("<Q", blob[:8])[0] if len(blob) >= 8 else None
+def _header(file: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """read_header's (tensors, metadata) of the release weights, a bad file refused with the way to restore it."""
     try:
-        header = json.loads(blob[8:8 + n]) if n is not None and 8 + n <= len(blob) else None
-    except ValueError:
-        header = None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"release weights {file} are not a safetensors file ({len(blob):,} bytes: the header "
-                              f"is cut or unreadable); restore it (git checkout) or {REBUILD}")
-    size = len(blob) - 8 - n
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    try:
-        cut = sorted((v["data_offsets"][0], k) for k, v in tensors.items() if v["data_offsets"][1] > size)
-    except (KeyError, TypeError, IndexError):
-        raise CheckpointError(f"release weights {file} are not a safetensors file (a tensor entry of the header "
-                              f"has no data_offsets); restore it (git checkout) or {REBUILD}") from None
-    if cut:
-        name = cut[0][1]
-        raise CheckpointError(f"release weights {file} are truncated: tensor {name} needs bytes "
-                              f"{tensors[name]['data_offsets']} of the data, the file holds {size:,}; "
-                              f"restore it (git checkout) or {REBUILD}")
-    return header
+        return read_header(file)
+    except HeaderError as e:
+        raise CheckpointError(f"release weights {file} are not a valid safetensors file ({e}); restore it "
+                              f"(git checkout) or {REBUILD}") from None
 
 
 def load_pretrained(path=CHECKPOINT):
@@ -240,21 +225,21 @@ def load_pretrained(path=CHECKPOINT):
     file = _folder(path) / "model.safetensors"
     if not file.is_file():
         raise FileNotFoundError(f"release file {file} is missing; {REBUILD}")
-    blob = file.read_bytes()
-    header = _header(blob, file)
+    header, metadata = _header(file)
     model = TinyLM(cfg)
     expected = {hf_name(k): tuple(v.shape) for k, v in model.state_dict().items()
                 if not (cfg.tie_embeddings and k == "lm_head.weight")}
     for name, shape in expected.items():
         if name not in header:
             raise CheckpointError(f"release weights {file} have no tensor {name} (config.json asks for {list(shape)})")
-        if tuple(header[name].get("shape", ())) != shape:
-            raise CheckpointError(f"release weights {file}: tensor {name} has shape {header[name].get('shape')}, "
+        if header[name].shape != shape:
+            raise CheckpointError(f"release weights {file}: tensor {name} has shape {list(header[name].shape)}, "
                                   f"config.json asks for {list(shape)}")
-    extra = sorted(set(header) - set(expected) - {"__metadata__"})
+    extra = sorted(set(header) - set(expected))
     if extra:
         raise CheckpointError(f"release weights {file} hold tensor(s) {extra} that config.json has no place for")
-    digest = (header.get("__metadata__") or {}).get("labkit.data_sha256")
+    digest = metadata.get("labkit.data_sha256")
+    blob = file.read_bytes()
     if digest is not None and hashlib.sha256(_data(blob)).hexdigest() != digest:
         raise CheckpointError(f"release weights {file} do not match the SHA-256 of their data recorded in their "
                               f"header (corrupted file); restore it (git checkout) or {REBUILD}")
@@ -270,6 +255,4 @@ def load_pretrained(path=CHECKPOINT):
 
 def read_training(path=CHECKPOINT) -> dict:
     """The training record that model.safetensors' header carries ({} when there is none)."""
-    file = _folder(path) / "model.safetensors"
-    blob = file.read_bytes()
-    return json.loads((_header(blob, file).get("__metadata__") or {}).get("labkit.training", "{}"))
+    return json.loads(_header(_folder(path) / "model.safetensors")[1].get("labkit.training", "{}"))

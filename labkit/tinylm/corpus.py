@@ -190,9 +190,9 @@ def corpus(split: str = "train", n_bytes: int = 100_000, seed: int = 0) -> bytes
     return "".join(parts).encode("ascii")[:n_bytes]
 
 
-# --- tasks TinyLM was never trained on (notebook 09 fine-tunes it on one) ---------------------------------
-# Added after the corpus above was fixed: nothing here is drawn by documents() or make_tasks(), so TinyLM's
-# training data and every task above generate exactly as before.
+# --- tasks TinyLM is not trained on (notebook 09 fine-tunes it on one) ------------------------------------
+# Nothing here is drawn by documents() or make_tasks(): TinyLM's training data and the tasks above do not
+# depend on this section.
 
 NEW_TASK_KINDS = ("first",)
 """first: "first qzkhf -> q": the first letter of a 3..10-letter lowercase word, then the end of the line.

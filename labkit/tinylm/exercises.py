@@ -1,7 +1,9 @@
 """Notebook 00's exercise, defined once: the check cell and tests/tinylm/test_exercises.py both use it.
 
     COUNT_PARAMS   parameters by layer type, {"embedding", "attention", "mlp", "norm", "total"}, as ints:
-                   a count of 32768.0, a missing or extra key, fails
+                   a count of 32768.0, a missing or extra key, fails. The notebook gives the module listing
+                   (`print(model)`) and the attention code, not the terms: the learner decides which config
+                   field sets each shape, whether the listed lm_head counts again, and what a norm holds
 
 Each fixed case tells wrong answers from the right one (the comment beside it says which); the random
 configs cover the rest.
@@ -25,9 +27,12 @@ def same_counts(got: Any, expected: dict[str, int]) -> bool:
 
 COUNT_PARAMS = Exercise(
     "count_params", param_counts,
-    cases=[(TinyLMConfig(),),  # 2 KV heads of 4 (wk, wv narrower than wq), tied output layer, 4 layers of norms
+    # TinyLM's own config: 2 KV heads of 4 (wk, wv narrower than wq), 4 layers of norms, and a tied output
+    # layer, so the listing's lm_head is the embedding again (counting it twice fails here)
+    cases=[(TinyLMConfig(),),
            (TinyLMConfig(tie_embeddings=False),),  # the output layer counted on top of the embedding
-           # Llama-2-7B: 32 KV heads, untied, a 32,000-token vocabulary; 6,738,415,616 in all
+           # Llama-2-7B: 32 KV heads (wk, wv as wide as wq: d_model // 2 read off TinyLM's listing fails),
+           # untied, a 32,000-token vocabulary; 6,738,415,616 in all
            (TinyLMConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=11008,
                          tie_embeddings=False),)],
     random_case=lambda rng: (random_config(rng),), compare=same_counts)

@@ -19,7 +19,8 @@ def sample_top_k(logits: torch.Tensor, temperature: float, top_k: int | None, ge
     limit is greedy (a draw among the tied maxima)."""
     check_type("logits", logits, torch.Tensor, "a 1-D float tensor [vocab]")
     if logits.dim() != 1 or not logits.is_floating_point() or not logits.numel():
-        fail("logits", f"a {logits.dtype} tensor of shape {tuple(logits.shape)}", "a non-empty 1-D float tensor [vocab]")
+        fail("logits", f"a {logits.dtype} tensor of shape {tuple(logits.shape)}",
+             "a non-empty 1-D float tensor [vocab]")
     check_number("temperature", temperature, low=0.0)
     if top_k is not None:
         check_int("top_k", top_k, 1, logits.numel())

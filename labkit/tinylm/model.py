@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+from .._checks import check_int, check_type
 from .cache import BatchedCache, Cache
 from .config import TinyLMConfig
 from .generate import generate
@@ -138,24 +140,22 @@ class Block(nn.Module):
 
 
 def run_blocks(layers, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None, start: int = 0,
-               first: int = 0, last: int | None = None) -> torch.Tensor:
+               first: int = 0, last: int | None = None, checkpoint_every: int = 0) -> torch.Tensor:
     """The residual stream x [B, T, d_model] through blocks layers[first:last] (default: all), block i writing
-    layer i of `cache`: TinyLM.forward runs every block, a pipeline stage (labkit.parallel.pipeline) its slice,
-    the captured decode step (labkit.cluster.graph) all of them. `layers` is indexed, so a stage's list may
-    hold None for the blocks it does not own."""
+    layer i of `cache`: the one loop over TinyLM's blocks. TinyLM.forward runs every block, a pipeline stage
+    (labkit.parallel.pipeline) its slice, the captured decode step (labkit.cluster.graph) all of them. `layers`
+    is indexed, so a stage's list may hold None for the blocks it does not own.
+
+    checkpoint_every > 0: block i with i % checkpoint_every == 0 runs through torch.utils.checkpoint
+    (use_reentrant=False), which keeps only its inputs and runs it again during backward (notebook 09); only
+    while autograd records and without a cache (recomputing would write the cache a second time)."""
+    recompute = checkpoint_every > 0 and cache is None and torch.is_grad_enabled()
     for i in range(first, len(layers) if last is None else last):
-        x = layers[i](x, cos, sin, cache, i, start)
+        if recompute and i % checkpoint_every == 0:
+            x = checkpoint(layers[i], x, cos, sin, cache, i, start, use_reentrant=False)
+        else:
+            x = layers[i](x, cos, sin, cache, i, start)
     return x
-
-
-def compile_blocks_apart() -> None:
-    """Have torch.compile skip run_blocks' own frame (torch.compiler.disable, recursive=False) so that each block
-    stays its own graph, as when forward held the loop: labkit.cluster.compiled calls this before it compiles,
-    and it and notebook 08 count 6 graphs and 5 breaks per decode step. Not done at import: the decorator
-    imports torch._dynamo, 1.2 s of every process's start (each replica, engine process and rank)."""
-    global run_blocks
-    if not getattr(run_blocks, "_torchdynamo_disable", False):
-        run_blocks = torch.compiler.disable(run_blocks, recursive=False)  # TinyLM.forward calls it by this name
 
 
 class TinyLM(nn.Module):
@@ -173,7 +173,19 @@ class TinyLM(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.checkpoint_every = 0
+        self.run_blocks = run_blocks  # the block loop forward calls; compile_blocks_apart wraps it for torch.compile
         self.apply(self._init)
+
+    @property
+    def checkpoint_every(self) -> int:
+        """k > 0: while autograd records, forward runs blocks 0, k, 2k, ... through torch.utils.checkpoint
+        (run_blocks' checkpoint_every; labkit.finetune.checkpointing, notebook 09). 0: no block is checkpointed."""
+        return self._checkpoint_every
+
+    @checkpoint_every.setter
+    def checkpoint_every(self, every: int) -> None:
+        self._checkpoint_every = check_int("checkpoint_every", every, 0)
 
     @staticmethod
     def _init(m: nn.Module):
@@ -204,7 +216,8 @@ class TinyLM(nn.Module):
         if isinstance(cache, Cache) and getattr(cache, "batch_size", tokens.shape[0]) != tokens.shape[0]:
             raise ValueError(f"tokens batch size {tokens.shape[0]} does not match the cache's batch size "
                              f"{cache.batch_size}")
-        x = run_blocks(self.layers, merge_embeds(self.tok_emb(tokens), embeds), cos, sin, cache, start)
+        x = self.run_blocks(self.layers, merge_embeds(self.tok_emb(tokens), embeds), cos, sin, cache, start,
+                            checkpoint_every=self.checkpoint_every)
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.lm_head(self.norm(x))
@@ -231,3 +244,14 @@ class TinyLM(nn.Module):
     def generate(self, prompt, max_new_tokens: int, **kw) -> list[int]:
         """labkit.tinylm.generate.generate(self, ...): new token ids after `prompt`."""
         return generate(self, prompt, max_new_tokens, **kw)
+
+
+def compile_blocks_apart(model: TinyLM) -> TinyLM:
+    """Have torch.compile skip the frame of `model`'s block loop (run_blocks through torch.compiler.disable,
+    recursive=False) so that each block is its own graph: labkit.cluster.compiled calls this before it
+    compiles, and it and notebook 08 count 6 graphs and 5 breaks per decode step. A choice of this model
+    only (its attribute run_blocks); eager results are the same. Not a default: the wrapper imports
+    torch._dynamo, 1.2 s of every process's start (each replica, engine process and rank). Returns `model`."""
+    check_type("model", model, TinyLM, "a TinyLM")
+    model.run_blocks = torch.compiler.disable(run_blocks, recursive=False)
+    return model

@@ -11,5 +11,5 @@ from .engine import UnifiedMemory
 from .prefetch import density_node
 from .state import DEVICE, HOST
 
-__all__ = ["allocator", "balancing", "exercises", "explore", "factcheck", "loop", "policies", "prefetch", "speed", "tenants",
-           "UMConfig", "UnifiedMemory", "density_node", "DEVICE", "HOST"]
+__all__ = ["allocator", "balancing", "exercises", "explore", "factcheck", "loop", "policies", "prefetch", "speed",
+           "tenants", "UMConfig", "UnifiedMemory", "density_node", "DEVICE", "HOST"]

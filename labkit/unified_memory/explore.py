@@ -7,7 +7,8 @@ Synthetic traces (page numbers within one allocation of n_pages):
     random      uniform over the n pages          a cache with no locality
     hot         90% of accesses to 10% of pages   a working set that fits, plus noise
 
-Tables print through labkit.course.table, which writes every number in fixed point (2,217 and 0.0000403, never 2.22e+03).
+Tables print through labkit.course.table, which writes every number in fixed point (2,217 and 0.0000403, never
+2.22e+03).
 """
 
 from __future__ import annotations

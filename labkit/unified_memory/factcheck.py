@@ -1,13 +1,12 @@
-"""Notebook 02's fact-checks: one function per claim of the course's source material about unified memory,
-each returning a labkit.course.FactCheck (the claim, quoted; the arithmetic line by line;
-the verdict; the conditions under which the claim holds), every sentence built from the simulated results
-passed in, so that the words cannot disagree with the numbers beside them.
+"""Notebook 02's fact-checks: one function per claim about unified memory of "Hardware Challenges in Large Model
+Deployment" (notebook 00 names the course's two source articles), each returning a labkit.course.FactCheck (the
+claim, quoted; the arithmetic line by line; the verdict; the conditions under which the claim holds), every
+sentence built from the simulated results passed in, so that the words cannot disagree with the numbers beside
+them.
 
-The source material is two technical articles: one on deploying large models locally on unified-memory
-hardware, one on adapting a trillion-parameter open model on the day of its release. The first describes a
-pool shared by CPU and accelerator with page migration at 4 KB granularity, bandwidth monitoring with load
-balancing, automatic prefetching and three allocation modes (STATIC, DYNAMIC with a 0.8 threshold, HYBRID).
-The words in quotation marks are theirs:
+The article describes a pool shared by CPU and accelerator with page migration at 4 KB granularity, bandwidth
+monitoring with load balancing, automatic prefetching and three allocation modes (STATIC, DYNAMIC with a 0.8
+threshold, HYBRID). The words in quotation marks are theirs:
 
     link_utilization(...)     "92% bandwidth utilization"                                   (section 4)
     dynamic_allocation(...)   "Dynamic allocation boosts VRAM utilization by 35%."           (section 5)
@@ -104,7 +103,7 @@ def link_utilization(latency: float, bandwidth: float, page_size: int, replays: 
         f"every latency paid moves about {need / 2**20:.0f} MiB or more: multi-MiB migrations or bulk copies "
         f"(cudaMemPrefetchAsync, cudaMemcpyAsync of whole layers), or batches of {per_batch:.0f} faults that each "
         f"move {need / per_batch / 1024:.0f} KiB or more, or such batches on a link whose fault latency is "
-        f"{latency_needed * 1e6:.1f} us or less; the source material gives no setup for its figure.",
+        f"{latency_needed * 1e6:.1f} us or less; 'Hardware Challenges' gives no setup for its figure.",
         {"bytes_needed": need, "one_page": one, "best": best, "best_setting": best_key,
          "latency_needed": latency_needed})
 
@@ -167,7 +166,8 @@ def dynamic_allocation(results: Mapping, burst: Mapping, capacity: float, weight
     seeds = "" if sweep is None else " of {} seeds".format(len(runs))
     reached = [f"{s.split(' (')[0]} load, {a} vs {b} ({g:+.0%}" + (f"; in {reaches[s, a, b]}{seeds}, "
                f"{_range(spread[s, a, b])})" if sweep is not None else ")")
-               for (s, a, b), g in gains.items() if round(100 * g) >= target or (sweep is not None and reaches[s, a, b])]
+               for (s, a, b), g in gains.items()
+               if round(100 * g) >= target or (sweep is not None and reaches[s, a, b])]
     reached += [f"the burst order ({history:+.1%})"] if round(100 * history) >= target else []
     busy_equal, busy_full = gains[BALANCED, "DYNAMIC", "STATIC 0.4/0.4"], gains[BALANCED, "DYNAMIC", "STATIC"]
     judgement = ((f"False as a general statement: +{target}% or more only for " + "; ".join(reached)
@@ -269,7 +269,8 @@ def improvement(busy: Mapping[str, float], latency: float, bandwidth: float, cla
         f"no setting reaches even the baseline ({base:.0%})"
     top = "and " + (f"{best!r} reaches {claimed:.0%}" if busy[best] >= claimed else f"none reaches {claimed:.0%}")
     judgement = (f"Implies a traditional baseline of {base:.0%} ({baselines['points']:.0%} if the 40% are points): "
-                 f"in this simulator {reached} ({len(above)} of {len(busy)} settings), {top}; the source material names no baseline or setup.")
+                 f"in this simulator {reached} ({len(above)} of {len(busy)} settings), {top}; "
+                 "'Hardware Challenges' names no baseline or setup.")
     return FactCheck(
         QUOTES["improvement"], arithmetic, judgement,
         f"the traditional architecture moves about {need[base] / 2**20:.1f} MiB per latency paid (batched faults "

@@ -33,7 +33,8 @@ def layout(spec, bytes_per_weight: float = 2, kv_tokens: int | None = None,
     shapes, previous = [], None
     for e in linear_layers(spec):
         if e.layer_type != previous and e.layer_type in ("attention", "mlp"):  # each sub-block opens with its norm
-            shapes.append((f"layers.{e.layer}.{'attn' if e.layer_type == 'attention' else 'mlp'}_norm", w(spec.d_model), 1))
+            shapes.append((f"layers.{e.layer}.{'attn' if e.layer_type == 'attention' else 'mlp'}_norm",
+                           w(spec.d_model), 1))
         if e.layer_type == "head":
             shapes.append(("norm", w(spec.d_model), 1))
             if spec.tied_embeddings:

@@ -21,14 +21,18 @@ from labkit.cluster.policies import make_policy
 from labkit.cluster.registry import Registry
 from labkit.cluster.router import Router, make_router_app
 from labkit.serving import ServerThread, protocol
+from tests.serving.answers import Recorder
 
 
 class LocalRouter:
-    """A Router served in this process on a free port: .router (its state), .root, .url (/v1), .client()."""
+    """A Router served in this process on a free port: .router (its state), .root, .url (/v1), .client();
+    .undocumented() the answers it gave that its /openapi.json does not list (tests/serving/answers.py)."""
 
     def __init__(self, policy: str = "round_robin", heartbeat_timeout: float = 1.0, **options):
         self.router = Router(Registry(heartbeat_timeout), make_policy(policy), **options)
-        self.server = ServerThread(make_router_app(self.router)).start()
+        app = make_router_app(self.router)
+        self.schema, self.recorder = app.openapi(), Recorder(app)
+        self.server = ServerThread(self.recorder).start()
         self.root, self.url = self.server.url, self.server.url + "/v1"
         self.replica_processes, self.ids = [], []
 
@@ -50,6 +54,9 @@ class LocalRouter:
     def routed(self) -> dict[str, int]:
         return {r["id"]: r["routed"] for r in self.replicas()}
 
+    def undocumented(self) -> list[str]:
+        return self.recorder.undocumented(self.schema)
+
     def stop(self) -> None:
         self.server.stop()
 
@@ -61,6 +68,7 @@ def local_router(**options):
         yield router
     finally:
         router.stop()
+    assert router.undocumented() == []
 
 
 @contextlib.contextmanager
@@ -207,6 +215,7 @@ def shared():
         for replica in router.replica_processes:
             replica.stop()
         router.stop()
+    assert router.undocumented() == []
 
 
 def accounted(stats: dict) -> bool:

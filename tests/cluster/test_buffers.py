@@ -1,13 +1,16 @@
 """labkit.cluster.buffers: liveness and the planned peaks agree with torch's own allocator accounting, and the
 planner never lets two live buffers share a byte (hypothesis, a byte-grid painting and an exhaustive optimum
 on small cases as the independent references)."""
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.profiler import ProfilerActivity, profile
 
 from labkit.cluster.buffers import (Buffer, BufferPlan, allocator_peak, check_plan, liveness, measured_peak,
-                                    peak_live, plan_buffers)
+                                    memory_events, peak_live, plan_buffers)
 from labkit.cluster.graph import capture_decode
 from labkit.tinylm import TinyLM, TinyLMConfig, load_pretrained
 
@@ -27,6 +30,21 @@ def attention_scratch(cfg: TinyLMConfig, cached: int) -> int:
     attend = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     out, lse = attend(q, k, k)
     return allocator_peak(lambda: attend(q, k, k)) - out.untyped_storage().nbytes() - lse.untyped_storage().nbytes()
+
+
+def test_the_profiler_still_lists_memory_events_in_order():
+    """memory_events reads torch's private kineto_results: this fails the day a torch release changes it."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        a = torch.empty(1000)
+        b = torch.empty(2000)
+        del a, b
+    try:
+        events = memory_events(prof)
+    except AttributeError as e:
+        pytest.fail(f"torch {torch.__version__} changed its profiler's private kineto_results ({e}): "
+                    "labkit.cluster.buffers.memory_events needs another way to the memory events in order")
+    assert events == [4000, 8000, -4000, -8000], f"torch {torch.__version__}: memory events {events}"
 
 
 def test_allocator_peak_reads_known_allocations():

@@ -1,7 +1,8 @@
 """labkit.cluster.explore: the arena layouts never overlap two buffers live at once and the no-reuse layout adds up
 to the planner's own no_reuse_bytes, the plots draw what their data functions return, the registry's events come
 out in time order, the router's cost fit recovers exact costs (and never goes negative), the CPU seconds of this
-process agree with os.times(), and the rendezvous table moves only the leaving replica's prefixes (modulo hashing moves more)."""
+process agree with os.times(), and the rendezvous table moves only the leaving replica's prefixes (modulo hashing
+moves more)."""
 import os
 
 import matplotlib
@@ -84,7 +85,8 @@ def test_router_cost_recovers_the_costs_of_exact_runs():
 def test_plot_policies_and_failover_draw_their_rows():
     import matplotlib.pyplot as plt
     rows = [{"policy": p, "tokens/s": t, "p50 ms": a, "p99 ms": b, "hit rate %": h}
-            for p, t, a, b, h in (("round_robin", 100.0, 20.0, 50.0, 30.0), ("prefix_affinity", 120.0, 15.0, 40.0, 80.0))]
+            for p, t, a, b, h in (("round_robin", 100.0, 20.0, 50.0, 30.0),
+                                  ("prefix_affinity", 120.0, 15.0, 40.0, 80.0))]
     fig = explore.plot_policies(rows)
     assert [p.get_height() for p in fig.axes[0].patches] == [100.0, 120.0]
     assert [p.get_height() for p in fig.axes[1].patches] == [20.0, 15.0, 50.0, 40.0]
@@ -126,8 +128,10 @@ def test_assignment_moves_only_the_leaving_replicas_keys(n, leaving):
     moved_mod = sum(r["modulo moved"] == "yes" for r in rows)
     assert n == 2 or moved_mod > sum(r["moved"] == "yes" for r in rows)  # modulo hashing reshuffles more
     text = explore.assignment_picture(KEYS, n, leaving)
-    assert text.startswith(f"{n} replicas, {gone} leaves: rendezvous moves ") and f"modulo hashing moves {moved_mod}" in text
-    assert_refused(lambda: explore.assignment_rows(KEYS, ids, "replica-9"), ValueError, "leaving", "replica-9", "one of")
+    assert (text.startswith(f"{n} replicas, {gone} leaves: rendezvous moves ")
+            and f"modulo hashing moves {moved_mod}" in text)
+    assert_refused(lambda: explore.assignment_rows(KEYS, ids, "replica-9"), ValueError, "leaving", "replica-9",
+                   "one of")
     assert_refused(lambda: explore.assignment_picture(KEYS, 1, 1), ValueError, "n_replicas", 1, "at least 2")
 
 
@@ -174,7 +178,8 @@ def test_policy_verdict_compares_hit_rates_and_never_ranks_speed_from_one_run():
     lines = text.splitlines()
     assert lines[0] == "prefix-cache hit rate: prefix_affinity 79% against round_robin 59% (+21 points)"
     assert lines[1] == ("tokens/s: round_robin 500, least_outstanding 520, prefix_affinity 600: no ranking, "
-                        "unreliable on this run (one run per policy; a direction needs 4 runs each that do not overlap)")
+                        "unreliable on this run (one run per policy; "
+                        "a direction needs 4 runs each that do not overlap)")
     assert lines[2].startswith("ms p99: round_robin 200, least_outstanding 190, prefix_affinity 150: no ranking")
     for tokens in ((300.0, 310.0, 900.0), (900.0, 310.0, 300.0)):  # even 3x from one run each is no ranking
         text = explore.policy_verdict(policy_rows(tokens, (200.0, 190.0, 90.0), (50.0, 50.0, 80.0)))

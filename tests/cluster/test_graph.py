@@ -57,6 +57,25 @@ def test_a_batch_and_untied_embeddings():
     torch.testing.assert_close(decode.run(), eager, atol=ATOL, rtol=0)
 
 
+def test_the_graph_runs_the_loop_the_model_holds():
+    """capture_decode calls the model's own run_blocks (the one forward calls), also after compile_blocks_apart
+    has wrapped it for torch.compile; the graph still equals the eager step."""
+    from labkit.tinylm import compile_blocks_apart
+    model = compile_blocks_apart(small())
+    loop, calls = model.run_blocks, []
+
+    def recording(*args, **kw):
+        calls.append(len(args[0]))
+        return loop(*args, **kw)
+
+    model.run_blocks = recording
+    decode = capture_decode(model, cached=3)
+    assert calls == [2, 2]  # the prefill (forward) and the traced step
+    with torch.no_grad():
+        eager = model(decode.inputs[0], decode.cache())
+    torch.testing.assert_close(decode.run(), eager, atol=ATOL, rtol=0)
+
+
 def test_a_graph_is_specialised_to_its_length():
     """Pinned, documented behaviour: the graph captured at 7 cached positions, fed a cache of 4 (same shapes),
     computes position 7's step: it writes the new keys into slot 7 and its logits are not the eager ones."""

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labkit.cluster.load import (CONTEXT, LoadResult, RequestOutcome, percentile, prefix_counts, prefix_hit_rate, run_load,
-                                 shared_prefix_trace)
+from labkit.cluster.load import (CONTEXT, LoadResult, RequestOutcome, percentile, prefix_counts, prefix_hit_rate,
+                                 run_load, shared_prefix_trace)
 from labkit.tinylm import load_pretrained
 from tests.cluster.conftest import chunked, fake_replica, raw_server, sse_head
 from tests.refusals import assert_refused
@@ -58,7 +58,8 @@ def test_a_result_counts_and_summarises_its_records():
     assert result.tokens_per_s == 2.5 and result.latency_p50 == 1.5 and result.ttft_p50 == pytest.approx(0.3)
     assert result.errors() == {"APIConnectionError: Connection error.": 1}
     cut = "replica-2 failed mid-stream: RemoteProtocolError: peer closed connection without sending complete body"
-    broken = LoadResult([RequestOutcome(i, "failed", f"APIError: {cut} (incomplete chunked read)", end=1.0) for i in range(2)],
+    broken = LoadResult([RequestOutcome(i, "failed", f"APIError: {cut} (incomplete chunked read)", end=1.0)
+                         for i in range(2)],
                         wall_s=1.0)
     # the type name the message repeats goes; the rest is cut after the last whole word that fits in 100
     words = f"{cut} (incomplete chunked read)".split()

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from labkit.cluster.policies import (ROUTING_POLICIES, LeastOutstanding, Policy, PrefixAffinity, RoundRobin, make_policy,
-                                     prefix_key, rendezvous)
+from labkit.cluster.policies import (ROUTING_POLICIES, LeastOutstanding, Policy, PrefixAffinity,
+                                     RoundRobin, make_policy, prefix_key, rendezvous)
 from labkit.cluster.registry import Registry, Replica
 from tests.refusals import assert_refused
 

@@ -15,6 +15,7 @@ from labkit.cluster.registry import Registry
 from labkit.cluster.router import Router, make_router_app
 from tests.cluster.conftest import accounted, fake_replica, heartbeats, local_router, settled, wait_until
 from tests.refusals import assert_refused
+from tests.serving.answers import methods_not_served
 
 GREEDY = {"model": "tinylm", "temperature": 0}
 
@@ -176,6 +177,26 @@ def test_bad_input_gets_clear_answers_and_the_router_keeps_serving(shared):
     stats = shared.router.stats()
     assert stats["refused"] == refused + 2 and stats["retried"] == retried  # a 4xx is not retried
     assert complete(client, "5+5=") and accounted(shared.router.stats())  # still serving
+
+
+@pytest.mark.timeout(60)
+def test_every_answer_is_documented_and_a_405_names_the_methods_a_path_serves():
+    """The router's /openapi.json lists each status it answers (local_router holds every answer against it) and the
+    replicas' request bodies; a method a path does not serve is a 405 with `Allow` (RFC 9110, 15.5.6)."""
+    with local_router() as lr:
+        schema = httpx.get(lr.root + "/openapi.json").json()
+        completions = schema["paths"]["/v1/completions"]["post"]
+        body = completions["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": "#/components/schemas/CompletionRequest"}
+        assert {"400", "404", "413", "415", "499", "503"} <= set(completions["responses"])
+        r = httpx.put(lr.root + "/replicas")
+        assert (r.status_code, r.headers["allow"], r.json()["error"]["code"]) == \
+            (405, "GET, POST", "method_not_allowed")
+        assert httpx.get(lr.root + "/replicas/x/heartbeat").headers["allow"] == "POST"
+        assert methods_not_served(lr.root, schema) == []
+        assert httpx.get(lr.root + "/metrics").headers["content-type"].startswith("text/plain")
+        assert httpx.post(lr.root + "/replicas/x/heartbeat", json={}).status_code == 404
+    assert len(lr.recorder.answers) > 20 and {a.status for a in lr.recorder.answers} >= {200, 404, 405}
 
 
 @pytest.mark.timeout(120)

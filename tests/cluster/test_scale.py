@@ -15,22 +15,22 @@ from labkit.parallel import Hardware, LinkModel, Workload, planner
 from labkit.specs import device, model
 from tests.refusals import assert_refused
 
-P, O = 1024, 256
+PROMPT, OUT = 1024, 256
 H100 = device("h100-sxm")
 NV, IB = LinkModel.from_spec("nvlink4"), LinkModel.from_spec("ib-ndr-400")
 
 
 def test_the_chosen_replica_is_lab_04_s_estimate_at_the_largest_batch_meeting_tpot_or_a_halving():
-    answer = replicas_for(50, "moe-3t", "h100-sxm", P, O, ttft=2.0, tpot=0.05)
+    answer = replicas_for(50, "moe-3t", "h100-sxm", PROMPT, OUT, ttft=2.0, tpot=0.05)
     r = answer.replica
     spec, big = model("moe-3t"), Hardware(64)  # a bigger cluster: more DP replicas, the same step
 
     def meets(batch: int) -> bool:
-        step = planner.estimate(spec, big, Workload(batch, P + O), r.tp, r.pp, r.ep)
+        step = planner.estimate(spec, big, Workload(batch, PROMPT + OUT), r.tp, r.pp, r.ep)
         return step.fits and step.latency <= 0.05
     largest = next(b for b in range(4096, 0, -1) if meets(b))  # by a scan from the top, not a bisection
     assert r.batch in {largest >> k for k in range(12)}
-    step = planner.estimate(spec, big, Workload(r.batch, P + O), r.tp, r.pp, r.ep)
+    step = planner.estimate(spec, big, Workload(r.batch, PROMPT + OUT), r.tp, r.pp, r.ep)
     assert step.fits and r.tpot == pytest.approx(step.latency, rel=1e-12) and r.tpot <= 0.05
     assert r.tokens_per_s == pytest.approx(r.batch / r.tpot) and answer.tpot_seen <= 0.05 * (1 + 1e-9)
     per_replica = min(0.8 * r.requests_per_s, r.max_rate)  # the fewest replicas that carry the rate
@@ -44,15 +44,15 @@ def test_the_chosen_replica_is_lab_04_s_estimate_at_the_largest_batch_meeting_tp
 def test_no_replica_claims_more_than_its_devices_can_compute_or_read(name):
     """At requests_per_s, every token's matmuls (2 x active parameters each: prompt and output tokens, no
     attention even) need FLOP/s within devices x peak, and each decode step reads the active weights at least
-    once: bytes/s within devices x bandwidth. Charging prefill as free (B / (TTFT + (O - 1) TPOT)) broke the
+    once: bytes/s within devices x bandwidth. Charging prefill as free (B / (TTFT + (OUT - 1) TPOT)) broke the
     first bound (llama-3-70b on 4 H100s: 1.8x their peak); this test checks that it could fail."""
     spec, broke = model(name), False
     for o in replica_options(name, ttft=2.0, tpot=0.05):
-        flop_per_request = 2 * spec.active_params * (P + O - 1)
+        flop_per_request = 2 * spec.active_params * (PROMPT + OUT - 1)
         assert o.requests_per_s * flop_per_request <= o.devices * H100.peak_flops["bf16"]
-        steps_per_s = o.requests_per_s * (O - 1) / o.batch
+        steps_per_s = o.requests_per_s * (OUT - 1) / o.batch
         assert steps_per_s * spec.active_params * 2 <= o.devices * H100.bandwidth
-        free_prefill = o.batch / (o.ttft + (O - 1) * o.tpot)
+        free_prefill = o.batch / (o.ttft + (OUT - 1) * o.tpot)
         broke |= free_prefill * flop_per_request > o.devices * H100.peak_flops["bf16"]
     assert broke or name != "llama-3-70b"
 

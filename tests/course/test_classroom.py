@@ -113,7 +113,8 @@ def _course(tmp_path, text="print(1)"):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir(exist_ok=True)
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(f"def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n{text}")]
+    nb.cells = [nbformat.v4.new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n"
+                                          f"{text}")]
     nbformat.write(nb, notebooks / "00_x.ipynb")
     return notebooks
 

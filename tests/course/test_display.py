@@ -23,8 +23,8 @@ def test_verdict_prints_each_part_once(capsys):
     text = display.verdict("8:1 compression", ["4 bits vs 32 bits", "scales add 0.5 bit"], "Roughly.", "per channel")
     out = capsys.readouterr().out
     assert out == text + "\n"
-    assert text.splitlines() == ["CLAIM    8:1 compression", "         4 bits vs 32 bits", "         scales add 0.5 bit",
-                                 "VERDICT  Roughly.", "HOLDS IF per channel"]
+    assert text.splitlines() == ["CLAIM    8:1 compression", "         4 bits vs 32 bits",
+                                 "         scales add 0.5 bit", "VERDICT  Roughly.", "HOLDS IF per channel"]
     with pytest.raises(TypeError, match="arithmetic must be a list of str lines"):
         display.verdict("c", "one line", "v", "h")
     with pytest.raises(TypeError, match="claim must be a non-empty str"):

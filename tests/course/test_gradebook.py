@@ -94,7 +94,7 @@ def test_every_student_gets_the_verdicts_of_what_they_did(graded):
 
 def test_messages_say_what_happened(graded):
     rows = graded["rows"]
-    assert "square(3) returned 6, expected 9" in rows["wrong"][mc.SQUARE]
+    assert "square(3) returned 6, not the answer for this case" in rows["wrong"][mc.SQUARE]
     assert "raised ValueError: no idea" in rows["raises"][mc.SQUARE]
     assert "NameError" in rows["raises"][mc.ADD]
     assert "timed out after" in rows["loops"][mc.SQUARE] and "timed out" in rows["loops"]["status"]
@@ -143,7 +143,7 @@ def test_without_a_lab_every_submitted_lab_gets_columns(tmp_path, monkeypatch):
     table = gradebook.grade(sub, tmp_path / "g.csv", notebooks, cell_timeout=CELL_TIMEOUT, log=lambda *a: None)
     assert {k: str(v).split(":")[0] for k, v in table["ann"].items()} == {mc.HALVE: "FAIL"}
     assert str(table["bea"][mc.HALVE]) == "MISSING: no notebook for lab 01_other"
-    assert "halve(3) returned 1, expected 1.5" in str(table["ann"][mc.HALVE])
+    assert "halve(3) returned 1, not the answer for this case" in str(table["ann"][mc.HALVE])
 
 
 def test_missing_and_empty_submission_folders(tmp_path, capsys):

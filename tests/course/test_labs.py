@@ -40,7 +40,8 @@ def test_a_plain_reference_is_named_after_the_function_or_the_name_argument(cour
 
 
 @pytest.mark.parametrize("imports, call", [
-    ("from labkit.course import check\nfrom labkit.tinylm import exercises", "f = check.exercise(f, exercises.COUNT_PARAMS)"),
+    ("from labkit.course import check\nfrom labkit.tinylm import exercises",
+     "f = check.exercise(f, exercises.COUNT_PARAMS)"),
     ("import labkit.course.check as c\nimport labkit.tinylm.exercises as ex", "f = c.exercise(f, ex.COUNT_PARAMS)"),
     ("from labkit.course.check import exercise\nfrom labkit.tinylm.exercises import COUNT_PARAMS as P",
      "f = exercise(f, P)"),

@@ -81,7 +81,7 @@ def test_a_wrong_solution_is_caught(tmp_path):
     """The same run with one solution changed: its check cell prints [FAIL] where [PASS] is stored."""
     path = classroom.NOTEBOOKS / "09_finetune.ipynb"
     nb = nbformat.read(path, as_version=4)
-    cell = next(c for c in nb.cells if "def lora_forward" in c.source)
+    cell = next(c for c in nb.cells if "def lora_qkv_forward" in c.source)
     cell.source = cell.source.replace("(alpha / A.shape[0])", "alpha")
     assert "* alpha\n" in cell.source
     nbformat.write(nb, tmp_path / path.name)
@@ -89,13 +89,13 @@ def test_a_wrong_solution_is_caught(tmp_path):
     execute(run, where)
     found = {i: difference(nb.cells[i].outputs, c.outputs) for (_, i), c in zip(where, run.cells) if i >= 0}
     wrong = {i: why for i, why in found.items() if why}
-    assert len(wrong) == 1 and "[FAIL] lora_forward" in next(iter(wrong.values())), found
+    assert len(wrong) == 1 and "[FAIL] lora_qkv_forward" in next(iter(wrong.values())), found
 
 
 def test_a_solution_that_needs_more_than_the_imports_is_named(tmp_path):
     nb = nbformat.read(classroom.NOTEBOOKS / "05_kv_cache.ipynb", as_version=4)
-    cell = next(c for c in nb.cells if "def blocks_needed" in c.source)
-    cell.source = cell.source.replace("    ### END SOLUTION", "    ### END SOLUTION\n\n\nblocks_needed(SIZE, 16)")
+    cell = next(c for c in nb.cells if "def new_blocks" in c.source)
+    cell.source = cell.source.replace("    ### END SOLUTION", "    ### END SOLUTION\n\n\nnew_blocks(SIZE, 0, 0, 16)")
     nbformat.write(nb, tmp_path / "05_kv_cache.ipynb")
     with pytest.raises(AssertionError, match=rf"05_kv_cache.ipynb, cell {nb.cells.index(cell) + 1}: NameError: "
                                              r"name 'SIZE' is not defined \(only the notebook's top-level imports"):

@@ -35,3 +35,5 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="fns must be a non-empty dict"):
         timing.interleave([lambda: None])
     assert timing.Timing((1.0, 3.0, 2.0)).median == 2.0 and timing.Timing((0.0,)).spread == 0.0
+    assert timing.Timing((1.0,)).spread_words() == "1 sample"
+    assert timing.Timing((1.0, 1.5)).spread_words() == "spread 40%"  # 0.5 / 1.25

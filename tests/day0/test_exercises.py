@@ -43,6 +43,7 @@ def test_the_notebook_solution_and_the_reference_pass(fn, exercise, capsys):
 @pytest.mark.parametrize("fn, exercise", [
     (lambda x, w, eps: x / (x.square().mean(-1, keepdim=True).sqrt() + eps) * w, ex.QK_NORM),  # eps outside
     (lambda x, w, eps: x * torch.rsqrt(x.square().mean(1, keepdim=True) + eps) * w, ex.QK_NORM),  # over heads
+    (lambda x, w, eps: x * torch.rsqrt(x.square().mean((1, 3), keepdim=True) + eps) * w, ex.QK_NORM),  # a token
     (lambda x, w, eps: x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps), ex.QK_NORM),    # no weight
     (lambda x, w, eps: F.layer_norm(x, x.shape[-1:], w, None, eps), ex.QK_NORM),                # mean removed
     (lambda w, s, r, tp: rank_part(w, {"row": "column", "column": "row"}.get(s, s), r, tp) if w.dim() == 2
@@ -53,9 +54,9 @@ def test_the_notebook_solution_and_the_reference_pass(fn, exercise, capsys):
     (lambda i, s, e: tuple((h, o - s) for o, n, h in i if s <= o < e), ex.BLOCK_KEYS),             # starts inside only
     (lambda i, s, e: tuple((h, o - s) for o, n, h in i if o <= e and o + n >= s), ex.BLOCK_KEYS),  # touching counts
     (lambda i, s, e: tuple(h for o, n, h in i if o < e and o + n > s), ex.BLOCK_KEYS),             # hashes only
-], ids=["eps outside the root", "over the heads", "no weight", "layer norm", "row and column swapped",
-        "interleaved", "ranks reversed", "absolute offsets", "only images starting inside", "touching counts",
-        "hashes only"])
+], ids=["eps outside the root", "over the heads", "over a token's heads together", "no weight", "layer norm",
+        "row and column swapped", "interleaved", "ranks reversed", "absolute offsets", "only images starting inside",
+        "touching counts", "hashes only"])
 def test_common_mistakes_fail(fn, exercise, capsys):
     assert exercise.check(fn) is exercise.reference  # the notebook goes on with the reference
     assert capsys.readouterr().out.startswith("[FAIL]")

@@ -61,7 +61,8 @@ def test_rank_slices_are_torch_chunks(a, b, tp, style):
     (2, 2, "rank", ValueError, "an int in [0, 1]"), (-1, 2, "rank", ValueError, "an int in [0, 1]"),
     (0, 0, "tp", ValueError, "a positive int"), (0.5, 2, "rank", TypeError, "an int in [0, 1]")])
 def test_a_rank_outside_the_group_is_refused(rank, tp, name, error, expected):
-    """Issue 26: rank_slice((8, 4), "column", rank=2, tp=2) returned slice(8, 12), past the tensor."""
+    """A rank outside [0, tp), or a tp below 1, is refused by name for every style: rank_slice((8, 4), "column",
+    rank=2, tp=2) must not return slice(8, 12), past the tensor."""
     for style in ("column", "row", "replicated"):
         assert_refused(lambda: loading.rank_slice((8, 4), style, rank, tp), error, name, rank if name == "rank" else tp,
                        expected)

@@ -254,7 +254,7 @@ BROKEN = {  # what -> (named in the message: "file" or a literal, then a phrase)
     "truncated shard": ("file", "truncated"),
     "header not JSON": ("file", "not valid JSON"),
     "header length": ("file", "header length 1099511627776"),
-    "offsets out of range": ("file", "out of range: tensor 'language_model.layers.1.mlp.w_up.weight' ends at byte"),
+    "offsets out of range": ("file", "out of range: tensor 'language_model.layers.1.mlp.w_up.weight' needs bytes"),
     "offsets disagree with shape": ("file", "'language_model.layers.1.mlp.w_up.weight' has data_offsets"),
     "index names a missing file": ("model-00099-of-00099.safetensors", "missing"),
     "total_size": (rel.INDEX, "total_size"),

@@ -1,9 +1,12 @@
 """Checkpointing every k-th block keeps fewer activations and gives the same gradients (reference: the step without
 checkpointing)."""
+import pytest
 import torch
 
 from labkit.finetune import checkpointing, memory
+from labkit.tinylm import model as model_py
 
+from ..refusals import assert_refused
 from .test_memory import CFG, _model
 
 
@@ -26,13 +29,13 @@ def test_every_k_checkpoints_blocks_0_k_2k_and_keeps_the_gradients(monkeypatch):
     gradients against the plain step, and fewer activations the more blocks are checkpointed."""
     tokens = torch.randint(0, CFG.vocab_size, (2, 17))
     seen = []
-    real = checkpointing.checkpoint
+    real = model_py.checkpoint  # what TinyLM's loop (run_blocks) calls around a checkpointed block
 
     def recording(block, *args, **kw):
         seen.append(block)
         return real(block, *args, **kw)
 
-    monkeypatch.setattr(checkpointing, "checkpoint", recording)
+    monkeypatch.setattr(model_py, "checkpoint", recording)
     plain = _model()
     memory.lm_loss(plain, tokens).backward()
     acts = {}
@@ -51,3 +54,23 @@ def test_the_sqrt_rule_is_the_integer_nearest_sqrt_n():
     for n in range(1, 200):
         nearest = min(range(1, n + 1), key=lambda k: abs(k - n ** 0.5))
         assert checkpointing.sqrt_rule(n) == nearest, n
+
+
+def test_the_loss_is_the_plain_one_and_the_model_keeps_its_setting():
+    tokens = torch.randint(0, CFG.vocab_size, (2, 9))
+    mask = torch.rand(2, 8) < 0.5
+    model = _model()
+    model.checkpoint_every = 3
+    plain = memory.lm_loss(_model(), tokens, mask)
+    for every in (0, 1, 2):
+        loss = checkpointing.checkpointed_loss(every)(model, tokens, mask)
+        assert model.checkpoint_every == 3
+        assert torch.allclose(loss, plain, rtol=0, atol=1e-6)  # the same ops: equal to the bit in practice
+
+
+def test_refusals():
+    assert_refused(lambda: checkpointing.checkpointed_loss(-1), ValueError, "every", -1, "an int >= 0")
+    forward = checkpointing.checkpointed_loss(1)
+    assert_refused(lambda: forward(7, torch.zeros(1, 3, dtype=torch.long)), TypeError, "model", 7, "a TinyLM")
+    with pytest.raises(TypeError, match="model must be a TinyLM"):
+        checkpointing.checkpoint_sweep(torch.nn.Linear(2, 2), torch.zeros(1, 3, dtype=torch.long))

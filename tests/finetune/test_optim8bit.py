@@ -1,6 +1,11 @@
 """Blockwise 8-bit states: the codebooks, the quantizer against a brute-force nearest level, AdamW8bit with FP32
-states against torch.optim.AdamW (eps included), the 8-bit run against the FP32 run and against torch's AdamW
-over many steps of gradients spanning six decades in one block, closures, and refusals."""
+states against torch.optim.AdamW (eps and defaults included), tensors under min_8bit_size in FP32 as bitsandbytes
+keeps them, the 8-bit run against the FP32 run and against torch's AdamW over many steps of gradients spanning six
+decades in one block, closures, state_dict round trips, states on the parameter's device, and refusals. The 8-bit
+runs on small tensors set min_8bit_size=0 (every tensor in 8 bits)."""
+import copy
+import io
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -49,7 +54,7 @@ def _params(seed=0):
 def _run(opt_cls, params, steps=20, **kw):
     opt = opt_cls(params, lr=1e-2, weight_decay=0.1, **kw)
     losses = []
-    for t in range(steps):
+    for _ in range(steps):
         loss = sum((p - 0.5).square().sum() * (i + 1) for i, p in enumerate(params))
         opt.zero_grad()
         loss.backward()
@@ -62,7 +67,7 @@ def test_fp32_states_are_torchs_adamw_and_8bit_states_follow_within_a_band():
     ref, ref_opt = _run(torch.optim.AdamW, p_ref := _params(), eps=1e-8)
     ours, _ = _run(o8.AdamW8bit, p_ours := _params(), state_dtype="fp32")
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(p_ref, p_ours))
-    eight, opt8 = _run(o8.AdamW8bit, p8 := _params(), state_dtype="int8")
+    eight, opt8 = _run(o8.AdamW8bit, p8 := _params(), state_dtype="int8", min_8bit_size=0)
     assert max(abs(a - b) / a for a, b in zip(ref, eight)) < 0.02
     moved = max((a - b).abs().max() for a, b in zip(p_ref, _params()))  # how far AdamW moved the parameters
     assert all((a - b).abs().max() < 0.1 * moved for a, b in zip(p_ref, p8))
@@ -70,13 +75,111 @@ def test_fp32_states_are_torchs_adamw_and_8bit_states_follow_within_a_band():
     assert o8.state_bytes_per_param("int8") == 2 + 8 / 256 and o8.state_bytes_per_param("fp32") == 8
 
 
-def test_bad_input_is_refused():
-    assert_refused(lambda: o8.AdamW8bit(_params(), state_dtype="fp16"), ValueError, "state_dtype", "fp16", "int8")
-    assert_refused(lambda: o8.AdamW8bit(_params(), lr=float("nan")), ValueError, "lr", float("nan"), "finite")
+def test_bad_input_is_refused_naming_the_argument():
+    refusals = [
+        (dict(state_dtype="fp16"), ValueError, "state_dtype", "fp16", "int8"),
+        (dict(lr=float("nan")), ValueError, "lr", float("nan"), "finite"),
+        (dict(lr=0.0), ValueError, "lr", 0.0, "> 0"),
+        (dict(betas=0.9), ValueError, "betas", 0.9, "a pair"),
+        (dict(betas=(0.9, 1.0)), ValueError, "betas[1]", 1.0, "[0, 1)"),
+        (dict(eps=0.0), ValueError, "eps", 0.0, "> 0"),
+        (dict(weight_decay=-0.1), ValueError, "weight_decay", -0.1, ">= 0"),
+        (dict(block=0), ValueError, "block", 0, "positive int"),
+        (dict(min_8bit_size=-1), ValueError, "min_8bit_size", -1, "non-negative int"),
+        (dict(min_8bit_size=4096.0), TypeError, "min_8bit_size", 4096.0, "non-negative int"),
+    ]
+    for kw, error, name, value, expected in refusals:
+        assert_refused(lambda kw=kw: o8.AdamW8bit(_params(), **kw), error, name, value, expected)
     assert_refused(lambda: o8.quantize_blockwise(torch.ones(3, dtype=torch.int64), o8.CODEBOOKS[True]), ValueError,
                    "x", torch.int64, "float")
     with pytest.raises(ValueError, match="block"):
         o8.quantize_blockwise(torch.ones(3), o8.CODEBOOKS[True], 0)
+
+
+def test_defaults_are_torchs_adamw():
+    ours, ref = o8.AdamW8bit(_params()).defaults, torch.optim.AdamW(_params()).defaults
+    assert {k: ours[k] for k in ("lr", "betas", "eps", "weight_decay")} == \
+        {k: ref[k] for k in ("lr", "betas", "eps", "weight_decay")}
+
+
+def _sized_params(sizes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(n, generator=g)) for n in sizes]
+
+
+def test_tensors_under_min_8bit_size_keep_fp32_states_that_follow_torchs_adamw():
+    """bitsandbytes' rule, its default 4096: a tensor of 4095 values keeps FP32 m and v (shaped like it), one of
+    4096 gets 8-bit codes; the small tensor's trajectory is torch's AdamW's to float tolerance."""
+    sizes = (4095, 4096, 7)
+    ref, _ = _run(torch.optim.AdamW, p_ref := _sized_params(sizes), steps=10)
+    ours, opt = _run(o8.AdamW8bit, p_ours := _sized_params(sizes), steps=10)
+    small, big, tiny = (opt.state[p] for p in p_ours)
+    assert small["m"].dtype == small["v"].dtype == torch.float32 and small["m"].shape == (4095,)
+    assert "m_absmax" not in small and "m_absmax" not in tiny
+    assert big["m"].dtype == big["v"].dtype == torch.uint8 and big["m_absmax"].numel() == 4096 // 256
+    assert torch.allclose(p_ours[0], p_ref[0], atol=1e-6) and torch.allclose(p_ours[2], p_ref[2], atol=1e-6)
+    assert not torch.equal(p_ours[1], p_ref[1])  # the 8-bit tensor rounds its states
+    assert opt.state_bytes() == 8 * (4095 + 7) + 2 * 4096 + 2 * 4 * 16
+    assert o8.AdamW8bit(_sized_params(sizes), min_8bit_size=4095).min_8bit_size == 4095
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
+def test_a_state_dict_round_trip_continues_the_run_exactly(state_dtype):
+    """Five steps, a state_dict through torch.save and torch.load into a fresh optimizer over copies of the
+    parameters, five more steps on both: the same parameters and states bit for bit; 8-bit codes stay uint8."""
+    params = _sized_params((4096, 10))
+    opt = o8.AdamW8bit(params, lr=1e-2, state_dtype=state_dtype)
+
+    def steps(ps, o, n):
+        for _ in range(n):
+            o.zero_grad()
+            sum(((p - 0.5) ** 2).sum() for p in ps).backward()
+            o.step()
+
+    steps(params, opt, 5)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    again = o8.AdamW8bit(copies, lr=1.0, state_dtype=state_dtype)
+    again.load_state_dict(torch.load(buffer))
+    assert again.param_groups[0]["lr"] == 1e-2
+    steps(params, opt, 5)
+    steps(copies, again, 5)
+    assert all(torch.equal(a, b) for a, b in zip(params, copies))
+    for p, q in zip(params, copies):
+        assert opt.state[p].keys() == again.state[q].keys() and opt.state[p]["step"] == again.state[q]["step"] == 10
+        for k, v in opt.state[p].items():
+            if isinstance(v, torch.Tensor):
+                assert v.dtype == again.state[q][k].dtype and torch.equal(v, again.state[q][k])
+    assert again.state[copies[0]]["m"].dtype == (torch.uint8 if state_dtype == "int8" else torch.float32)
+
+
+def test_a_bf16_parameter_keeps_fp32_states_through_a_state_dict():
+    p = torch.nn.Parameter(torch.randn(8, dtype=torch.bfloat16))
+    opt = o8.AdamW8bit([p])
+    p.grad = torch.ones_like(p)
+    opt.step()
+    again = o8.AdamW8bit([torch.nn.Parameter(p.detach().clone())])
+    again.load_state_dict(copy.deepcopy(opt.state_dict()))
+    (state,) = again.state.values()
+    assert state["m"].dtype == state["v"].dtype == torch.float32
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_states_live_on_the_parameters_device_and_follow_torch_there(device):
+    sizes = (4096, 100)
+    ref = [torch.nn.Parameter(p.detach().to(device)) for p in _sized_params(sizes)]
+    ours = [torch.nn.Parameter(p.detach().to(device)) for p in _sized_params(sizes)]
+    _run(torch.optim.AdamW, ref, steps=5)
+    _, opt = _run(o8.AdamW8bit, ours, steps=5)
+    for p in ours:
+        assert all(v.device == p.device for v in opt.state[p].values() if isinstance(v, torch.Tensor))
+    assert torch.allclose(ours[1], ref[1], atol=1e-6)  # 100 values: FP32 states
+    assert (ours[0] - ref[0]).abs().max() < 5 * 1e-2  # 8-bit states: within a few lr of torch's
 
 
 def _adamw(params, **kw):
@@ -101,7 +204,7 @@ def test_a_second_moment_below_the_blocks_range_does_not_blow_the_update_up():
     (a map with a 0 would store 0 and step by m / eps, -47 instead of torch's -0.0167)."""
     grads = torch.tensor([[1.0, 1e-4], [0.0, 0.0]])
     ref = _trajectory(_adamw, grads)
-    ours = _trajectory(o8.AdamW8bit, grads)
+    ours = _trajectory(o8.AdamW8bit, grads, min_8bit_size=0)
     assert torch.allclose(ours, ref, atol=1e-3) and ref[-1, 1] == pytest.approx(-0.0167, abs=1e-4)
 
 
@@ -117,7 +220,7 @@ def test_over_many_steps_of_gradients_spanning_six_decades_every_step_stays_with
     grads = torch.stack([(torch.randn(n, generator=g) + 0.3) * scale * (torch.rand(n, generator=g) < 0.7)
                          for _ in range(steps)])
     ref = _trajectory(_adamw, grads, lr)
-    ours = _trajectory(o8.AdamW8bit, grads, lr)
+    ours = _trajectory(o8.AdamW8bit, grads, lr, min_8bit_size=0)
     assert (ref[1:] - ref[:-1]).abs().max() <= 1.2 * lr
     assert (ours[1:] - ours[:-1]).abs().max() <= 5 * lr
     t = torch.arange(steps + 1, dtype=torch.float32)[:, None]
@@ -138,12 +241,13 @@ def test_eps_is_added_to_the_bias_corrected_root_of_v_as_in_torch():
 @pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
 def test_step_runs_the_closure_with_gradients_and_returns_its_loss_like_torch(state_dtype):
     runs = {}
-    for name, make in (("torch", _adamw), ("ours", lambda ps, **kw: o8.AdamW8bit(ps, state_dtype=state_dtype, **kw))):
+    for name, make in (("torch", _adamw),
+                       ("ours", lambda ps, **kw: o8.AdamW8bit(ps, state_dtype=state_dtype, min_8bit_size=0, **kw))):
         params = _params()
         opt = make(params, lr=1e-2, weight_decay=0.1)
         losses = []
         for _ in range(3):
-            def closure():
+            def closure(opt=opt, params=params):
                 opt.zero_grad()
                 loss = sum((p - 0.5).square().sum() for p in params)
                 loss.backward()
@@ -160,7 +264,7 @@ def test_step_runs_the_closure_with_gradients_and_returns_its_loss_like_torch(st
 @pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
 def test_a_nan_or_inf_gradient_is_refused_by_name_and_nothing_changes(state_dtype):
     params = _params()
-    opt = o8.AdamW8bit(params, lr=1e-2, state_dtype=state_dtype)
+    opt = o8.AdamW8bit(params, lr=1e-2, state_dtype=state_dtype, min_8bit_size=0)
     for p in params:
         p.grad = torch.ones_like(p)
     opt.step()

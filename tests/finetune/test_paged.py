@@ -1,6 +1,9 @@
-"""Paged optimizer states replayed on lab 02's pool: faults every step only when the device is too small."""
+"""Paged optimizer states replayed on lab 02's pool: faults every step only when the device is too small; StepOrder
+records the parameters each step of a real optimizer updated, from outside it."""
+import pytest
+import torch
 
-from labkit.finetune import paged
+from labkit.finetune import optim8bit, paged
 from tests.refusals import assert_refused
 
 
@@ -16,7 +19,35 @@ def test_paged_states_fault_back_each_step_only_when_the_device_is_too_small():
 
 def test_state_bytes_per_value_must_be_a_positive_number():
     for bad in (-4.0, 0.0, float("nan"), float("inf")):
-        assert_refused(lambda: paged.replay_paged_states([4096], [0], 4096, 2**20, state_bytes_per_value=bad),
+        assert_refused(lambda bad=bad: paged.replay_paged_states([4096], [0], 4096, 2**20, state_bytes_per_value=bad),
                        ValueError, "state_bytes_per_value", bad, "positive")
     assert_refused(lambda: paged.replay_paged_states([4096], [0], 4096, 2**20, state_bytes_per_value="4"),
                    TypeError, "state_bytes_per_value", "4", "number")
+
+
+@pytest.mark.parametrize("make", [torch.optim.AdamW, optim8bit.AdamW8bit])
+def test_step_order_records_the_parameters_each_step_updated_in_param_group_order(make):
+    """Two groups; the parameters whose value a step changed, found by comparing them before and after, are the
+    ones StepOrder lists (a parameter without a gradient is skipped), and a closure's gradients count."""
+    ps = [torch.nn.Parameter(torch.randn(5)) for _ in range(4)]
+    opt = make([{"params": ps[:2]}, {"params": ps[2:], "lr": 1e-2}], weight_decay=0.0)
+    watch = paged.StepOrder(opt)
+    assert watch.order == []
+    for used in ([0, 2, 3], [1, 3]):
+        before = [p.detach().clone() for p in ps]
+
+        def closure(used=used):
+            opt.zero_grad(set_to_none=True)
+            loss = sum(ps[i].square().sum() for i in used)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        changed = [i for i, (a, p) in enumerate(zip(before, ps)) if not torch.equal(a, p)]
+        assert watch.order == changed == used
+    watch.remove()
+    ps[0].grad = torch.ones(5)
+    opt.step()
+    assert watch.order == [1, 3]  # removed: the last step is not recorded
+    with pytest.raises(TypeError, match="optimizer must be Optimizer, got list"):
+        paged.StepOrder(ps)

@@ -52,7 +52,8 @@ def test_training_tasks_mix_in_the_old_tasks_at_the_share_asked():
     kinds = [t.kind for t in tasks]
     assert kinds.count("first") == 60 and len(tasks) == 120
     assert all(kinds.count(k) == 20 for k in ("arithmetic", "recall", "copy"))
-    assert {t.prompt for t in tasks if t.kind == "copy"} <= {t.prompt for t in corpus.make_tasks("copy", 20, "train", 2)}
+    assert ({t.prompt for t in tasks if t.kind == "copy"}
+            <= {t.prompt for t in corpus.make_tasks("copy", 20, "train", 2)})
     for bad in (1.0, -0.1, float("nan")):
         assert_refused(lambda: train.training_tasks(replay=bad), ValueError, "replay", bad, "[0, 1)")
 

@@ -1,9 +1,10 @@
 """BlockManager: a stateful hypothesis machine over random interleavings of allocate, append, compute (the
 forward that writes K/V, reported with mark_computed), fork and free, checked after every step against the
-invariants of issue 13 and against a shadow store that writes each token id into its slot only when it is
-computed (so the hash map must point only at computed blocks holding its tokens, and reading a sequence back
-through its block table must give its computed tokens: wrong hits, uncomputed blocks cached, missed
-copies-on-write and evicted blocks in use all show); regressions; bad input. Images (lab 07): the machine's
+manager's invariants (reference counts equal the tables holding a block; free, used and cached blocks add up;
+free and cached blocks are unreferenced) and against a shadow store that writes each token id into its slot
+only when it is computed (so the hash map must point only at computed blocks holding its tokens, and reading a
+sequence back through its block table must give its computed tokens: wrong hits, uncomputed blocks cached,
+missed copies-on-write and evicted blocks in use all show); regressions; bad input. Images (lab 07): the machine's
 prompts may hold an image (a placeholder range with an image hash A or B over the same placeholder token), the
 shadow writes (token, image) into each slot, so a block shared between two different images shows."""
 
@@ -48,7 +49,8 @@ class Shadow:
         bs, table, tokens = bm.block_size, bm.block_table(seq), bm.tokens(seq)
         for p in range(bm.num_computed(seq), upto):
             block = table[p // bs]
-            sharers = [s for s in bm.seq_ids if len(bm.block_table(s)) > p // bs and bm.block_table(s)[p // bs] == block]
+            sharers = [s for s in bm.seq_ids
+                       if len(bm.block_table(s)) > p // bs and bm.block_table(s)[p // bs] == block]
             assert len(sharers) == bm.ref_count(block)
             assert all(bm.tokens(s)[p] == tokens[p] for s in sharers if bm.num_tokens(s) > p), \
                 "a write into a block shared with a sequence holding another token there"
@@ -104,7 +106,8 @@ class BlockMachine(RuleBasedStateMachine):
                 cached = self.bm.allocate(seq, prompt, mm)
                 assert cached % self.bm.block_size == 0 and 0 <= cached < len(prompt)
             else:
-                self.refused(lambda: self.bm.allocate(seq, prompt, mm), OutOfBlocksError if fits else LargerThanPoolError)
+                self.refused(lambda: self.bm.allocate(seq, prompt, mm),
+                             OutOfBlocksError if fits else LargerThanPoolError)
             return
         fits = blocks_needed(len(prompt), self.bm.block_size) <= self.bm.num_blocks
         assert self.bm.fits_in_pool(prompt) == fits
@@ -181,7 +184,7 @@ TestBlockMachine = BlockMachine.TestCase
 TestBlockMachine.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
 
 
-# --- regressions: bugs real block managers had ------------------------------------------------------------
+# --- regressions: bugs found in real block managers --------------------------------------------------------
 
 def test_a_fully_cached_prompt_of_exactly_k_blocks_still_computes_its_last_token():
     bm = BlockManager(8, 4)
@@ -354,7 +357,7 @@ def test_the_snapshot_sees_each_kind_of_state_a_refused_call_could_change():
     assert all(x != y for i, x in enumerate(seen) for y in seen[i + 1:])
 
 
-# --- computed tokens: only blocks whose K/V were written are cached (issue 13 review, S1) -----------------
+# --- computed tokens: only blocks whose K/V were written are cached ----------------------------------------
 
 def test_a_prompt_allocated_but_not_computed_is_not_a_prefix_hit():
     bm = BlockManager(16, 4)

@@ -1,15 +1,18 @@
 """Notebook 05's exercises: each reference passes its own check, wrong answers fail it, a stub gets the
-reference, and the notebook's solutions (written out here independently, as a learner would) pass."""
+reference, the notebook's solutions (written out here independently, as a learner would) pass, and NEW_BLOCKS'
+reference is what a real BlockManager takes."""
 import re
 
 import pytest
 import torch
 
-from labkit.kv_cache import block_hash, exercises as ex
+from labkit.kv_cache import BlockManager, block_hash, exercises as ex
 from labkit.rng import Rng
 
-def blocks_needed(n_tokens, block_size):
-    return (n_tokens + block_size - 1) // block_size
+
+def new_blocks(prompt_len, shared, lookahead, block_size):
+    reused = min(shared, prompt_len - 1) // block_size
+    return -(-(prompt_len + lookahead) // block_size) - reused
 
 
 def hash_chain(tokens, block_size):
@@ -26,7 +29,7 @@ def gather(pool, block_table, length, block_size):
 
 
 def test_the_notebook_solutions_and_the_references_pass(capsys):
-    for fn, exercise in [(blocks_needed, ex.BLOCKS_NEEDED), (hash_chain, ex.HASH_CHAIN), (gather, ex.PAGED_GATHER)]:
+    for fn, exercise in [(new_blocks, ex.NEW_BLOCKS), (hash_chain, ex.HASH_CHAIN), (gather, ex.PAGED_GATHER)]:
         assert exercise.check(fn) is fn
         copy_of_reference = lambda *a, e=exercise: e.reference(*a)  # noqa: E731
         assert exercise.check(copy_of_reference) is copy_of_reference
@@ -38,13 +41,16 @@ def unchained(tokens, block_size):  # every block hashed on its own: the classic
 
 
 @pytest.mark.parametrize("fn, exercise", [
-    (lambda n, bs: n // bs, ex.BLOCKS_NEEDED),                                       # floor instead of ceil
-    (lambda n, bs: n // bs + 1, ex.BLOCKS_NEEDED),                                   # one too many when exact
+    (lambda n, s, la, bs: -(-n // bs), ex.NEW_BLOCKS),                               # the prompt alone
+    (lambda n, s, la, bs: -(-(n + la) // bs) - s // bs, ex.NEW_BLOCKS),              # shares the last block
+    (lambda n, s, la, bs: -(-(n + la - s) // bs), ex.NEW_BLOCKS),                    # shares part of a block
+    (lambda n, s, la, bs: -(-n // bs) - min(s, n - 1) // bs + -(-la // bs), ex.NEW_BLOCKS),  # lookahead apart
     (unchained, ex.HASH_CHAIN),
     (lambda t, bs: hash_chain(t + [0] * (-len(t) % bs), bs), ex.HASH_CHAIN),         # hashes the partial block
     (lambda pool, table, n, bs: pool[:, :n], ex.PAGED_GATHER),                       # ignores the table
     (lambda pool, table, n, bs: gather(pool, sorted(table), n, bs), ex.PAGED_GATHER),  # blocks in id order
-], ids=["floor", "plus one", "unchained", "partial block", "no table", "sorted table"])
+], ids=["prompt alone", "last block shared", "partial block shared",
+        "lookahead in its own blocks", "unchained", "partial block", "no table", "sorted table"])
 def test_common_mistakes_fail_and_a_stub_is_todo(fn, exercise, capsys):
     def stub(*args):
         raise NotImplementedError
@@ -75,3 +81,36 @@ def test_a_gather_fail_line_is_enough_to_redo_the_case(capsys):
     assert redone[tuple(map(int, where))].item() == float(expected) == float(got) - 1
     with pytest.raises(ValueError, match="slots must be"):
         ex.index_pool(2, 0, 4)
+
+
+def manager_new_blocks(prompt_len, shared, lookahead, block_size):
+    """Blocks a real BlockManager takes from its free list: a first prompt that agrees with the new one on exactly
+    `shared` tokens is computed and freed (its full blocks stay cached), then the new prompt is allocated and
+    `lookahead` slots appended."""
+    prompt = [1 + i % 200 for i in range(prompt_len)]
+    bm = BlockManager(4 * (prompt_len + lookahead) // block_size + 8, block_size, vocab_size=256)
+    first = prompt[:shared] + [0]  # token 0 never occurs in `prompt`: the prompts part at position `shared`
+    bm.allocate("first", first)
+    bm.mark_computed("first", len(first))
+    bm.free("first")
+    free = bm.num_free_blocks
+    bm.allocate("new", prompt)
+    for _ in range(lookahead):
+        bm.append("new", 7)
+    return free - bm.num_free_blocks
+
+
+def test_new_blocks_is_what_the_block_manager_takes():
+    rng = Rng(6)
+    cases = list(ex.NEW_BLOCKS.cases) + [ex.random_new_blocks_case(rng) for _ in range(300)]
+    for case in cases:
+        assert ex.new_blocks(*case) == manager_new_blocks(*case), case
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((0, 0, 0, 16), ValueError, "prompt_len must be"), ((8, 9, 0, 16), ValueError, "shared must be"),
+    ((8, 0, -1, 16), ValueError, "lookahead must be"), ((8, 0, 0, 12), ValueError, "block_size must be"),
+    ((8.0, 0, 0, 16), TypeError, "prompt_len must be")])
+def test_new_blocks_refuses_bad_input_by_name(args, error, match):
+    with pytest.raises(error, match=match):
+        ex.new_blocks(*args)

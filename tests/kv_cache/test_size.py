@@ -1,4 +1,4 @@
-"""KV bytes per token against the published arithmetic (issue 13: DeepSeek-V3 (512 + 64) x 61 x 2 = 70,272)
+"""KV bytes per token against the published arithmetic (DeepSeek-V3: (512 + 64) x 61 x 2 = 70,272)
 and the per-head formula written out here."""
 import pytest
 

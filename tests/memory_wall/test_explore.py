@@ -67,8 +67,8 @@ def test_share_region_maps_every_setting_to_its_category():
 def test_region_table_prints_one_line_per_setting_and_workload():
     region = [{"gpu": "h200", "link": "nvlink-c2c", "workload": "decode, batch 1", "fewest": 0, "share_then": 0.0,
                "in_band": "4-7", "in_band_possible": "4-7", "holds": True},
-              {"gpu": "h100-sxm", "link": "pcie5-x16", "workload": "decode, batch 1", "fewest": 36, "share_then": 0.9612,
-               "in_band": "1", "in_band_possible": "-", "holds": False},
+              {"gpu": "h100-sxm", "link": "pcie5-x16", "workload": "decode, batch 1", "fewest": 36,
+               "share_then": 0.9612, "in_band": "1", "in_band_possible": "-", "holds": False},
               {"gpu": "h100-sxm", "link": "pcie5-x16", "workload": "huge", "fewest": None, "share_then": None,
                "in_band": "-", "in_band_possible": "-", "holds": False}]
     lines = explore.region_table(region).splitlines()
@@ -146,7 +146,8 @@ def test_measurement_table_gives_median_and_best_rates_and_the_steadiest_kernel(
     assert roof[-3:] == [f"{256 * 2**20 / 5.5e-3 / 1e9:.1f}", f"{256 * 2**20 / 5.0e-3 / 1e9:.1f}", "18%"]
     assert lines[3].split()[-3:] == [f"{2 * 256 * 2**20 / 13.2e-3 / 1e9:.1f}", f"{2 * 256 * 2**20 / 13e-3 / 1e9:.1f}",
                                      "3%"]  # a copy moves its bytes twice
-    assert "matrix-vector FP32, 8 x 64 MiB" in lines[4] and lines[4].split()[-3] == f"{8 * 64 * 2**20 / 22e-3 / 1e9:.1f}"
+    assert ("matrix-vector FP32, 8 x 64 MiB" in lines[4]
+            and lines[4].split()[-3] == f"{8 * 64 * 2**20 / 22e-3 / 1e9:.1f}")
     assert lines[5] == ("3 rounds: numpy's two kernels in turns, then torch's sum and the product in turns; "
                         "the steadiest this run: np.sum, one core")
 

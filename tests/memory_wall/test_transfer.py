@@ -57,8 +57,8 @@ def test_the_region_is_every_possible_setting_in_the_band():
         assert shares == sorted(shares)
 
 
-def test_the_issues_figures_and_whether_they_can_run():
-    # the audit's figures (issue 11) with the KV cache of 4,096 tokens read too: an H100 cannot keep 79 layers
+def test_the_offload_figures_and_whether_they_can_run():
+    # the offload figures with the KV cache of 4,096 tokens read too: an H100 cannot keep 79 layers
     h100_pcie5 = tr.step(M, "h100-sxm", "pcie5-x16", 1)
     assert h100_pcie5["transfer_share"] == pytest.approx(0.397, abs=5e-4) and not h100_pcie5["fits"]
     assert [round(tr.step(M, "h100-sxm", "nvlink-c2c", k)["transfer_share"], 3) for k in (5, 10)] == [0.315, 0.48]

@@ -11,7 +11,8 @@ from tests.refusals import assert_refused
 def test_the_plan_covers_every_attention_and_mlp_matrix(tinylm):
     plan = dtensor.dtensor_plan(tinylm.cfg)
     assert len(plan) == 7 * tinylm.cfg.n_layers
-    assert isinstance(plan["layers.0.attn.wq"], ColwiseParallel) and isinstance(plan["layers.3.mlp.w_down"], RowwiseParallel)
+    assert (isinstance(plan["layers.0.attn.wq"], ColwiseParallel)
+            and isinstance(plan["layers.3.mlp.w_down"], RowwiseParallel))
 
 
 @pytest.mark.timeout(60)

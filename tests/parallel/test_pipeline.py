@@ -37,7 +37,8 @@ def test_pipelines_give_the_single_process_gradients(stages, tinylm, batch, pool
         _agree(run, loss, grads)
         assert [sorted((k, i) for k, i, _, _ in ev) for ev in run.events] == \
             [sorted([("F", i) for i in range(4)] + [("B", i) for i in range(4)])] * stages
-        assert run.peak_in_flight == ([4] * stages if schedule == "gpipe" else [min(stages - s, 4) for s in range(stages)])
+        assert run.peak_in_flight == ([4] * stages if schedule == "gpipe"
+                                      else [min(stages - s, 4) for s in range(stages)])
         assert 0 <= run.bubble < 1
     lib_run = pl.pipeline_step(tinylm, x, y, stages, 4, "1f1b" if stages == 2 else "gpipe", library=True, pool=pool)
     _agree(lib_run, loss, grads)
@@ -104,3 +105,29 @@ def test_stages_in_a_row_are_the_whole_model(stages, tinylm):
         ref = KVCache(tinylm.cfg, max_len=16)
         tinylm(tokens[:1, :8], ref)
         assert torch.equal(x, tinylm(tokens[:1, 8:9], ref))
+
+
+def test_a_stage_runs_the_loop_tinylm_forward_runs(tinylm, monkeypatch):
+    """The stage and the model call the one run_blocks (recorded by replacing it where both look it up), and the
+    model's compile choice (compile_blocks_apart) changes neither the loop the stages run nor their result."""
+    import copy
+
+    from labkit.tinylm import compile_blocks_apart
+    from labkit.tinylm import model as model_py
+    model = compile_blocks_apart(copy.deepcopy(tinylm))
+    assert model.run_blocks._torchdynamo_orig_callable is pl.run_blocks is model_py.run_blocks
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(2))
+    calls = []
+
+    def recording(layers, x, cos, sin, cache, start, first, last):
+        calls.append((first, last))
+        return model_py.run_blocks(layers, x, cos, sin, cache, start, first, last)
+
+    monkeypatch.setattr(pl, "run_blocks", recording)
+    parts = [pl.Stage(model, i, 2) for i in range(2)]
+    with torch.no_grad():
+        x = tokens
+        for part in parts:
+            x = part(x)
+        assert torch.equal(x, model(tokens))  # the same blocks in the same order: bitwise
+    assert calls == pl.split_layers(model.cfg.n_layers, 2)  # the shared loop, once per stage over its slice

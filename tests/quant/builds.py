@@ -45,7 +45,7 @@ def builds() -> list[tuple[str, dict[str, str]]]:
     """(name, environment) of every build the kernel tests run under here, beside this machine's own."""
     out = [(name, {"LABKIT_CFLAGS": flags}) for name, flags, _, _ in X86_BUILDS] if X86 else [
         ("plain C", {"LABKIT_CFLAGS": "-O3 -fopenmp"}), ("16 lanes", {"LABKIT_CFLAGS": "-O3 -fopenmp -DLANES=16"})]
-    out.append((f"this CPU's own, the other lane count", {"LABKIT_CFLAGS": other_lanes_flags()}))
+    out.append(("this CPU's own, the other lane count", {"LABKIT_CFLAGS": other_lanes_flags()}))
     if shutil.which("clang"):
         out.append(("clang, this CPU's own", {"CC": "clang"}))
     out.append(("no C rungs (LABKIT_C=0)", {"LABKIT_C": "0"}))
@@ -58,11 +58,10 @@ def other_lanes_flags() -> str:
     on the lanes fails on every machine. "" where rungs 6-7 are not built here."""
     from labkit.quant import kernels_c
 
-    ok, how = kernels_c.available()
-    if not ok:
+    here = kernels_c.build()
+    if here is None:
         return ""
-    flags = how[len(kernels_c.compiler()) + 1:].split(": ")[0]  # "<cc> <flags>: ...": the flags built with here
-    return f"{flags} -DLANES={24 - kernels_c.lanes()}"
+    return " ".join([*(f for f in here.flags if not f.startswith("-DLANES=")), f"-DLANES={24 - here.lanes}"])
 
 
 def runs_here(env: dict[str, str]) -> tuple[bool, str]:

@@ -68,13 +68,16 @@ def unpack(packed):
     return torch.stack([(packed & 0x0F).to(torch.int8) - 8, (packed >> 4).to(torch.int8) - 8], dim=1).reshape(-1)
 
 
-def quantized_linear(x, q, tile=32):
+def quantized_linear(x, q, tile):
     out, inp = q.shape
-    y = torch.zeros(*x.shape[:-1], out)
+    y = torch.zeros(x.shape[0], out)
     for k0 in range(0, inp, tile):
         cols = torch.arange(k0, min(k0 + tile, inp))
-        group = cols // q.group_size
-        y += x[..., cols] @ ((q.codes[:, cols].to(torch.int32) - q.zero[:, group]).float() * q.scale[:, group]).T
+        group = cols // q.group_len
+        codes = q.codes[:, cols].to(torch.int32)
+        if q.zero is not None:
+            codes = codes - q.zero[:, group]
+        y += x[:, cols] @ (codes.float() * q.scale[:, group]).T
     return y
 
 
@@ -86,7 +89,7 @@ def test_the_notebook_solutions_pass(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out == ["[PASS] asym_quantize + asym_dequantize matches the reference on 1 fixed and 20 random cases.",
                    "[PASS] pack + unpack matches the reference on 3 fixed and 20 random cases.",
-                   "[PASS] quantized_linear matches the reference on 2 fixed and 20 random cases."]
+                   "[PASS] quantized_linear matches the reference on 5 fixed and 20 random cases."]
 
 
 def fused_matvec(x, w, swap_nibbles=False):
@@ -174,36 +177,99 @@ def test_pack_mistakes_are_named_with_bytes_in_hex(pack_fn, unpack_fn, says, cap
     assert capsys.readouterr().out == f"{call}{says}{GOES_ON}\n"
 
 
-def ignores_the_zero(x, q, tile=32):
+def tiled(x, q, tile, group_of=lambda q, cols: cols // q.group_len, zero_dtype=torch.int32, need_zero=False):
+    """The solution with one decision made otherwise: how a column finds its group, the zero point's dtype, or a
+    zero point taken for granted."""
     out, inp = q.shape
-    y = torch.zeros(*x.shape[:-1], out)
+    y = torch.zeros(x.shape[0], out)
     for k0 in range(0, inp, tile):
         cols = torch.arange(k0, min(k0 + tile, inp))
-        y += x[..., cols] @ (q.codes[:, cols].float() * q.scale[:, cols // q.group_size]).T
+        group = group_of(q, cols)
+        codes = q.codes[:, cols]
+        if need_zero or q.zero is not None:
+            codes = codes - q.zero[:, group].to(zero_dtype)
+        y += x[:, cols] @ (codes.float() * q.scale[:, group]).T
     return y
 
 
-def one_group_per_tile(x, q, tile=32):
+def one_group_per_tile(x, q, tile):
+    return tiled(x, q, tile, lambda q, cols: torch.full_like(cols, int(cols[0]) // q.group_len))
+
+
+def by_group_size(x, q, tile):
+    return tiled(x, q, tile, lambda q, cols: cols // q.group_size)
+
+
+def every_q_has_a_zero(x, q, tile):
+    return tiled(x, q, tile, need_zero=True)
+
+
+def zero_as_int8(x, q, tile):
+    return tiled(x, q, tile, zero_dtype=torch.int8)
+
+
+def whole_weight(x, q, tile):
+    return x @ q.dequantize().T
+
+
+def row_by_row(x, q, tile):
+    """Each row's own scale row: right for every layout but per tensor, whose scale has one row."""
     out, inp = q.shape
-    y = torch.zeros(*x.shape[:-1], out)
-    for k0 in range(0, inp, tile):
-        cols, g = torch.arange(k0, min(k0 + tile, inp)), k0 // q.group_size
-        y += x[..., cols] @ ((q.codes[:, cols].to(torch.int32) - q.zero[:, g:g + 1]).float() * q.scale[:, g:g + 1]).T
+    y = torch.zeros(x.shape[0], out)
+    for n in range(out):
+        for k0 in range(0, inp, tile):
+            cols = torch.arange(k0, min(k0 + tile, inp))
+            group = cols // q.group_len
+            codes = q.codes[n, cols].to(torch.int32) - (0 if q.zero is None else q.zero[n, group])
+            y[:, n] += x[:, cols] @ (codes.float() * q.scale[n, group])
     return y
 
 
-def test_quantized_linear_mistakes_name_the_learner_the_case_and_the_element(capsys):
-    for fn in (ignores_the_zero, one_group_per_tile):
-        assert ex.QUANTIZED_LINEAR.check(fn) is ex.QUANTIZED_LINEAR.reference
-    first, second = capsys.readouterr().out.splitlines()
-    assert first.startswith("[FAIL] ignores_the_zero(tensor(shape [2, 64], float32), QTensor(4-bit asym, "
-                            "group_size=32, codes [16, 64] int8, scale [16, 2] float32, zero [16, 2] int32)) "
-                            "returned a [2, 16] float32 result whose first difference is at index (0, 0): ")
-    # groups of 32 in tiles of 32 hide this mistake: the second fixed case (groups of 16) shows it
-    assert second.startswith("[FAIL] one_group_per_tile(tensor(shape [3, 48], float32), QTensor(4-bit asym, "
-                             "group_size=16, codes [8, 48] int8, scale [8, 3] float32, zero [8, 3] int32)) returned "
-                             "a [3, 8] float32 result whose first difference is at index (0, 0): ")
-    assert len(first) < 400 and "reference" not in first.split(" returned ")[0]  # was ~700 characters of tensor text
+CASE = {2: "(tensor(shape [2, 48], float32), QTensor(4-bit asym, group_size=16, codes [8, 48] int8, scale [8, 3] "
+           "float32, zero [8, 3] int32), 32)",
+        4: "(tensor(shape [2, 40], float32), QTensor(4-bit sym, group_size='channel', codes [6, 40] int8, scale [6, 1] "
+           "float32, no zero point), 16)",
+        5: "(tensor(shape [2, 24], float32), QTensor(8-bit asym, group_size='tensor', codes [4, 24] int8, scale [1, 1] "
+           "float32, zero [1, 1] int32), 10)",
+        1: "(tensor(shape [2, 64], float32), QTensor(4-bit asym, group_size=32, codes [16, 64] int8, scale [16, 2] "
+           "float32, zero [16, 2] int32), 32)"}
+
+
+@pytest.mark.parametrize("fn, case, says", [
+    (one_group_per_tile, 2, " returned a [2, 8] float32 result whose first difference is at index (0, 0): "),
+    (by_group_size, 4, " raised TypeError: "),
+    (every_q_has_a_zero, 4, " raised TypeError: 'NoneType' object is not subscriptable"),
+    (row_by_row, 5, " raised IndexError: "),
+    (zero_as_int8, 5, " returned a [2, 4] float32 result whose first difference is at index (0, 0): "),
+    (whole_weight, 1, " raised RuntimeError: q.dequantize() builds the whole float weight at once; this exercise "
+                      "builds at most `tile` columns of it at a time"),
+], ids=["one group per tile", "group_size as a number", "a zero point taken for granted", "scale row by row",
+        "int8 zero point", "the whole weight"])
+def test_quantized_linear_mistakes_fail_on_the_case_that_shows_them(fn, case, says, capsys):
+    """Each mistake passes the cases before the one that shows it, and its [FAIL] line names that case (shapes,
+    settings, tile) without the reference's code."""
+    assert ex.QUANTIZED_LINEAR.check(fn) is ex.QUANTIZED_LINEAR.reference
+    out = capsys.readouterr().out
+    assert out.startswith(f"[FAIL] {fn.__name__}{CASE[case]}{says}"), out
+    assert len(out) < 500 and "dequantize(q)" not in out
+
+
+def test_quantized_linear_reference_is_the_dequantized_product_and_quantlinear_agrees():
+    """The reference (float64, the whole dequantized weight) against QuantLinear's reference path, an independent
+    implementation (packed nibbles, its own tiles), on every 4-bit fixed case; and the learner's q refuses
+    dequantize() while keeping every field."""
+    from labkit.quant import QTensor, QuantLinear
+
+    for x, q, tile in ex.QUANTIZED_LINEAR.cases:
+        assert isinstance(q, ex.TiledOnly)
+        with pytest.raises(RuntimeError, match="builds the whole float weight"):
+            q.dequantize()
+        y = ex.quantized_linear_reference(x, q, tile)
+        assert y.dtype == torch.float32 and y.shape == (x.shape[0], q.shape[0])
+        plain = QTensor(q.codes, q.scale, q.zero, q.bits, q.group_size, q.scheme, q.shape)
+        assert torch.allclose(y, x @ plain.dequantize().T, rtol=1e-5, atol=1e-5)
+        if q.bits == 4:
+            assert torch.allclose(y, QuantLinear(plain, backend="reference", tile=2)(x), rtol=1e-5, atol=1e-5)
 
 
 def test_common_mistakes_fail(capsys):
@@ -211,7 +277,7 @@ def test_common_mistakes_fail(capsys):
     swapped = lambda codes: pack(codes.reshape(-1, 2).flip(1))  # noqa: E731  high nibble first
     for fn, exercise in [(ex.asym_round_trip(sym_instead, asym_dequantize), ex.ASYM_QUANTIZE),
                          (ex.pack_round_trip(swapped, unpack), ex.PACK),
-                         (lambda x, q: quantized_linear(x, q) * 1.001, ex.QUANTIZED_LINEAR)]:
+                         (lambda x, q, tile: quantized_linear(x, q, tile) * 1.001, ex.QUANTIZED_LINEAR)]:
         assert exercise.check(fn) is exercise.reference
     out = capsys.readouterr().out
     assert out.count("[FAIL]") == 3 and "[PASS]" not in out
@@ -225,8 +291,23 @@ def test_random_cases_are_valid_inputs():
         assert w.shape[1] % group == 0 and bits in (2, 3, 4, 8)
         (codes,) = ex.random_codes(rng)
         assert codes.numel() % 2 == 0 and int(codes.min()) >= -8 and int(codes.max()) <= 7
-        x, q = ex.random_layer(rng)
-        assert x.shape[-1] == q.shape[1] and q.scheme == "asym" and q.bits == 4
+
+
+def test_the_random_layers_reach_every_decision_of_exercise_3():
+    """Over the check's 20 random cases (seed 0, after the fixed ones): both schemes, 4 and 8 bits, integer groups,
+    per channel and per tensor, tiles that straddle a group and tiles that do not divide the width."""
+    rng, seen = Rng(0), set()
+    for _ in range(ex.QUANTIZED_LINEAR.n_random):
+        x, q, tile = ex.random_layer(rng)
+        assert isinstance(q, ex.TiledOnly) and x.shape[1] == q.shape[1] and tile >= 1
+        inp = q.shape[1]
+        seen |= {q.scheme, q.bits, q.group_size if isinstance(q.group_size, str) else "groups"}
+        if inp % tile:
+            seen.add("a shorter last tile")
+        if isinstance(q.group_size, int) and (tile % q.group_size and q.group_size % tile):
+            seen.add("tiles straddle groups")
+    assert seen >= {"asym", "sym", 4, 8, "groups", "channel", "tensor", "a shorter last tile",
+                    "tiles straddle groups"}, seen
 
 
 def test_what_is_not_a_function_is_refused_before_any_check():

@@ -146,3 +146,46 @@ def test_plot_matmuls_draws_both_roofs_and_every_case():
     with pytest.raises(ValueError, match="peak_one must be a positive finite number"):
         qw.plot_matmuls(run, 3e11, 0)
     plt.close("all")
+
+
+def matmul_run(threads: int = 2, **ms) -> speed.MatmulRun:
+    """A recorded run (one sample per case, in ms) with the bytes of a 4096 x 4096 layer."""
+    n = 4096 * 4096
+    base = {"FP32": 21.2, "BF16": 11.5, "INT4": 2.2, "FP32 on 1 thread": 21.1, "INT4 on 1 thread": 4.2, "roof": 3.5,
+            "roof on 1 thread": 6.25}
+    return speed.MatmulRun({k: Timing((v / 1e3,)) for k, v in {**base, **ms}.items()},
+                           {"FP32": 4 * n, "BF16": 2 * n, "INT4": 10_485_760, "FP32 on 1 thread": 4 * n,
+                            "INT4 on 1 thread": 10_485_760}, threads=threads)
+
+
+def roofline_at(intensity: float, peak: float, bandwidth: float) -> float:
+    return min(peak, bandwidth * intensity)
+
+
+def test_roofline_notes_say_where_the_lines_cross_and_why():
+    quiet = qw.roofline_notes(matmul_run(**{"FP32": 20.0}), 3e11, 1.5e11)
+    assert quiet == ["every 2-thread figure is at or above its 1-thread twin: the 2-thread roofline lies above the "
+                     "1-thread one and no point sits below its twin"]
+    # FP32 gains nothing from a second thread (21.2 against 21.1 ms): within the noise the verdicts allow
+    same = qw.roofline_notes(matmul_run(), 3e11, 1.5e11)
+    assert same[0] == "FP32 product: 12.66 GFLOP/s on 2 threads, below the 12.72 of 1 thread"
+    assert same[1] == "the 2-thread roofline lies above the 1-thread one" and "within the 1.25x" in same[2]
+    # a busy core: the 2-thread peak under the 1-thread one while the 2-thread roof is higher: the lines cross
+    run = matmul_run()
+    busy = qw.roofline_notes(run, 1e11, 1.5e11)
+    assert busy[0] == "FP32 matmul peak: 100 GFLOP/s on 2 threads, below the 150 of 1 thread"
+    cross = float(busy[2].split(" at ")[1].split(" FLOP/byte")[0])
+    both = (run.bytes_per_s(speed.ROOF), run.bytes_per_s(speed.ROOF_1))
+    assert roofline_at(cross, 1e11, both[0]) == pytest.approx(roofline_at(cross, 1.5e11, both[1]), rel=0.03)
+    assert roofline_at(cross / 2, 1e11, both[0]) > roofline_at(cross / 2, 1.5e11, both[1])  # crossing, not touching
+    assert roofline_at(cross * 2, 1e11, both[0]) < roofline_at(cross * 2, 1.5e11, both[1])
+    assert busy[-1].startswith("1.50x lower with 2 threads, beyond the 1.25x the verdicts allow: another program")
+    # both roofs lower with 2 threads: one line under the other, no crossing
+    under = qw.roofline_notes(matmul_run(roof=8.0), 1e11, 1.5e11)
+    assert under[0].startswith("memory roof: 33.55 GB/s on 2 threads, below the 42.95 of 1 thread")
+    assert "the 2-thread roofline lies below the 1-thread one" in under
+    assert qw.roofline_notes(matmul_run(threads=1), 1e11, 1.5e11) == [
+        "torch runs on 1 thread here: both rooflines and both points of each kernel are one thread's"]
+    with pytest.raises(ValueError, match="peak_all must be a positive finite number"):
+        qw.roofline_notes(run, -1.0, 1e11)
+    assert_refused(lambda: qw.roofline_notes({}, 1e11, 1e11), TypeError, "run", {}, "a labkit.quant.speed.MatmulRun")

@@ -87,7 +87,8 @@ FORMATS = {"q4_0": (qf.quantize_q4_0, qf.dequantize_q4_0, brute_q4_0),
 def tricky_rows() -> np.ndarray:
     rng = np.random.default_rng(0)
     rows = [rng.standard_normal(64), rng.standard_normal(64) * 1e-3 + 5, np.zeros(64), -np.zeros(64),
-            np.full(64, 0.37), np.tile([0.0, -0.0], 32), np.tile([-0.0, 0.0], 32), np.round(rng.standard_normal(64) * 4) / 2,  # many exact halves: ties
+            np.full(64, 0.37), np.tile([0.0, -0.0], 32), np.tile([-0.0, 0.0], 32),
+            np.round(rng.standard_normal(64) * 4) / 2,  # many exact halves: ties
             rng.standard_cauchy(64), np.where(np.arange(64) % 2, -1.0, 1.0)]  # equal |max|, both signs
     return np.stack(rows).astype(np.float32)
 

@@ -114,7 +114,9 @@ def test_correlated_inputs_lower_the_output_error():
     for scheme in ("asym", "sym"):
         gq = calibrate.gptq_quantize(w, x, 4, 32, scheme)
         rtn = quantize(w, 4, scheme, 32)
-        err = lambda q: float((y - x @ q.dequantize().T).pow(2).mean())
+
+        def err(q):
+            return float((y - x @ q.dequantize().T).pow(2).mean())
         assert err(gq) < 0.8 * err(rtn)
         assert gq.codes.shape == w.shape and gq.scale.shape == (32, 4)
         assert int(gq.codes.min()) >= -8 and int(gq.codes.max()) <= 7
@@ -200,11 +202,13 @@ def test_bad_model_input(pretrained):
     tokens = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(TypeError, match="tokens must be a 2-D int64 tensor"):
         calibrate.collect_inputs(model, torch.zeros(3))
-    with pytest.raises(ValueError, match=r"tokens must be a non-empty 2-D int64 tensor \[batch, time\], got shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"tokens must be a non-empty 2-D int64 tensor \[batch, time\], "
+                                         r"got shape \(3,\)"):
         calibrate.collect_inputs(model, torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError, match="model must be a TinyLM"):
         calibrate.collect_inputs(torch.nn.Linear(2, 2), tokens)
-    with pytest.raises(ValueError, match=r"types must be some of \('attention', 'mlp', 'head'\) \(GPTQ needs a matmul's inputs\)"):
+    with pytest.raises(ValueError, match=r"types must be some of \('attention', 'mlp', 'head'\) "
+                                         r"\(GPTQ needs a matmul's inputs\)"):
         calibrate.collect_inputs(model, tokens, ("embedding",))
     with pytest.raises(TypeError, match="types must be a tuple of layer types"):
         calibrate.gptq(model, tokens, types="mlp")

@@ -8,7 +8,6 @@ gets a reason and a clean refusal instead of a crash (the other rungs and the la
 import copy
 import ctypes
 import pickle
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +87,10 @@ def test_every_x86_build_gives_the_same_product(monkeypatch, name, flags, lanes,
     y_native, native_build = kk.compiled_c(x, native), native.lanes.library
     how = _build_or_skip(monkeypatch, flags)
     assert how.endswith(f"{lanes} float lanes, rung 7 in {path}"), how
+    here = kc.build()  # the structured description says the same as the line, and what the library reports
+    assert (here.flags, here.lanes, here.int8_path, here.openmp) == (tuple(flags.split()), lanes, path,
+                                                                    "-fopenmp" in flags)
+    assert str(here) == how and here.lanes == kc.lanes()
     w = kk.pack_weight(q)
     assert w.lanes.lanes == lanes
     assert close(kk.compiled_c(x, w), exact(x, q), 448) and close(y_native, exact(x, q), 448)
@@ -236,12 +239,12 @@ def test_a_compiler_that_fails_gives_its_complaint(monkeypatch, tmp_path):
     monkeypatch.delenv("LABKIT_C", raising=False)
     monkeypatch.setenv("CC", str(cc))
     ok, why = kc.available()
-    assert not ok and "no build of int4_gemv.c runs here" in why and "no such CPU" in why
+    assert not ok and "no build of int4_gemv.c runs here" in why and "no such CPU" in why and kc.build() is None
 
 
 def test_switched_off(monkeypatch):
     monkeypatch.setenv("LABKIT_C", "0")
-    assert kc.available() == (False, "LABKIT_C=0 switches rungs 6 and 7 off")
+    assert kc.available() == (False, "LABKIT_C=0 switches rungs 6 and 7 off") and kc.build() is None
 
 
 @needs_c

@@ -18,9 +18,9 @@ def linear(out, inp, bias=True, seed=0):
     return nn.Linear(inp, out, bias=bias)
 
 
-@pytest.mark.parametrize("bits, group, scheme, tile", [(4, 32, "asym", 256), (4, 32, "sym", 64), (4, "channel", "asym", 30),
-                                                       (8, 16, "asym", 64), (3, "tensor", "sym", 256), (4, 8, "asym", 2),
-                                                       (4, 32, "asym", 48), (8, "channel", "sym", 64)])
+@pytest.mark.parametrize("bits, group, scheme, tile", [
+    (4, 32, "asym", 256), (4, 32, "sym", 64), (4, "channel", "asym", 30), (8, 16, "asym", 64),
+    (3, "tensor", "sym", 256), (4, 8, "asym", 2), (4, 32, "asym", 48), (8, "channel", "sym", 64)])
 def test_reference_path_equals_linear_on_the_dequantized_weight(bits, group, scheme, tile):
     lin = linear(24, 96)
     q = quantize(lin.weight.detach(), bits, scheme, group)
@@ -41,7 +41,8 @@ def test_four_bit_codes_are_stored_packed_and_odd_widths_unpacked():
 
 
 @needs_kernel
-@pytest.mark.parametrize("group, scheme", [(32, "asym"), (64, "sym"), ("channel", "asym"), ("tensor", "asym"), (512, "asym")])
+@pytest.mark.parametrize("group, scheme", [(32, "asym"), (64, "sym"), ("channel", "asym"),
+                                           ("tensor", "asym"), (512, "asym")])
 def test_int4pack_conversion_is_exact(group, scheme):
     # With FP32 activations and FP32 scales the kernel has no BF16 rounding: it must agree with the
     # reference path to float32 accuracy, which checks q = code + 8 and zero = -zero_point * scale.

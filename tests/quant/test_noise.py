@@ -50,7 +50,8 @@ def test_decision_reads_the_whole_interval():
 
 def test_bad_input_is_refused():
     assert_refused(lambda: noise.paired_difference([1.0], [2.0]), ValueError, "a", (1.0,), "at least 2 paired values")
-    assert_refused(lambda: noise.paired_difference([1.0, 2.0], [2.0]), ValueError, "b", (2.0,), "as many values as a (2)")
+    assert_refused(lambda: noise.paired_difference([1.0, 2.0], [2.0]), ValueError, "b", (2.0,),
+                   "as many values as a (2)")
     assert_refused(lambda: noise.paired_difference([1.0, math.nan], [2.0, 3.0]), ValueError, "a", (1.0, math.nan),
                    "a sequence of finite numbers")
     assert_refused(lambda: noise.paired_difference("12", [2.0, 3.0]), TypeError, "a", "12", "a sequence of numbers")

@@ -44,10 +44,13 @@ def test_pack_reads_any_shape_row_major():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: packing.pack_int4(torch.tensor([-9, 7])), ValueError, r"codes must be in \[-8, 7\], got values in \[-9, 7\]"),
-    (lambda: packing.pack_int4(torch.tensor([0.5, 1.0])), TypeError, "codes must be an integer tensor, got torch.float32"),
+    (lambda: packing.pack_int4(torch.tensor([-9, 7])), ValueError,
+     r"codes must be in \[-8, 7\], got values in \[-9, 7\]"),
+    (lambda: packing.pack_int4(torch.tensor([0.5, 1.0])), TypeError,
+     "codes must be an integer tensor, got torch.float32"),
     (lambda: packing.pack_int4([1, 2]), TypeError, "codes must be an integer torch.Tensor, got list"),
-    (lambda: packing.pack_int4(torch.zeros(0, dtype=torch.int8)), ValueError, r"non-empty integer tensor, got shape \(0,\)"),
+    (lambda: packing.pack_int4(torch.zeros(0, dtype=torch.int8)), ValueError,
+     r"non-empty integer tensor, got shape \(0,\)"),
     (lambda: packing.pack_int4(torch.zeros(30, dtype=torch.int8), "llama"), ValueError, "multiple of 32 codes, got 30"),
     (lambda: packing.pack_int4(torch.zeros(2, dtype=torch.int8), "ggml"), ValueError,
      r"layout must be one of \('adjacent', 'llama'\), got 'ggml'"),
@@ -69,7 +72,8 @@ def test_bad_input_is_refused(call, error, message):
 def test_out_of_range_codes_are_refused_before_any_cast(value, dtype):
     # 65539 = 65536 + 3 would wrap to code 3 if the codes were cast to int16 first
     codes = torch.tensor([0, value], dtype=dtype)
-    with pytest.raises(ValueError, match=rf"^codes must be in \[-8, 7\], got values in \[{min(0, value)}, {max(0, value)}\]$"):
+    with pytest.raises(ValueError, match=r"^codes must be in \[-8, 7\], "
+                                         rf"got values in \[{min(0, value)}, {max(0, value)}\]$"):
         packing.pack_int4(codes)
 
 

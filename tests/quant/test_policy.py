@@ -23,11 +23,14 @@ def small(tied: bool, seed: int = 0) -> TinyLM:
 
 
 @pytest.mark.parametrize("policy, error, message", [
-    ({"ffn": "int4"}, ValueError, r"policy key must be one of \('embedding', 'attention', 'mlp', 'norm', 'head'\), got 'ffn'"),
+    ({"ffn": "int4"}, ValueError,
+     r"policy key must be one of \('embedding', 'attention', 'mlp', 'norm', 'head'\), got 'ffn'"),
     ({1: "int4"}, TypeError, "policy key must be one of"),
-    ({"mlp": "int2"}, ValueError, r"policy\['mlp'\] must be one of \('fp32', 'fp16', 'bf16', 'int8', 'int4'\), got 'int2'"),
+    ({"mlp": "int2"}, ValueError,
+     r"policy\['mlp'\] must be one of \('fp32', 'fp16', 'bf16', 'int8', 'int4'\), got 'int2'"),
     ({"mlp": 4}, TypeError, r"policy\['mlp'\] must be one of"),
-    ({"norm": "int8"}, ValueError, r"policy\['norm'\] must be one of \('fp32', 'fp16', 'bf16'\) \(norm weights stay floating point\)"),
+    ({"norm": "int8"}, ValueError,
+     r"policy\['norm'\] must be one of \('fp32', 'fp16', 'bf16'\) \(norm weights stay floating point\)"),
     ("int4", TypeError, "policy must be a dict mapping layer type -> precision, got str"),
 ])
 def test_policy_errors_name_the_problem(policy, error, message):
@@ -43,7 +46,8 @@ def test_policy_errors_name_the_problem(policy, error, message):
     ({"group_size": 48}, ValueError, "group_size 48 must divide the input dimension 64"),
     ({"qtensors": [1]}, TypeError, r"qtensors must be a dict \{layer path: QTensor\} or None"),
     ({"qtensors": {"layers.0.attn.wq": None}}, ValueError, "qtensors key must be one of .*got 'layers.0.attn.wq'"),
-    ({"qtensors": {"layers.0.mlp.w_up": None}}, TypeError, r"qtensors\['layers.0.mlp.w_up'\] must be a labkit.quant.QTensor"),
+    ({"qtensors": {"layers.0.mlp.w_up": None}}, TypeError,
+     r"qtensors\['layers.0.mlp.w_up'\] must be a labkit.quant.QTensor"),
 ])
 def test_setting_errors_name_the_problem_and_leave_the_model_alone(kwargs, error, message):
     model = small(True)
@@ -58,7 +62,8 @@ def test_only_tinylms_in_floating_point_are_quantized():
     with pytest.raises(TypeError, match=r"model must be a TinyLM .*got Linear"):
         quantize_model(nn.Linear(2, 2), {})
     qm, _ = quantize_model(small(True), {"mlp": "int4"})
-    with pytest.raises(TypeError, match="model's layers.0.mlp.w_gate must be an nn.Linear or nn.Embedding, got QuantLinear"):
+    with pytest.raises(TypeError, match="model's layers.0.mlp.w_gate must be an nn.Linear or nn.Embedding, "
+                                         "got QuantLinear"):
         quantize_model(qm, {"mlp": "int4"})
 
 
@@ -103,7 +108,8 @@ def test_report_counts_every_weight_once(tied, policy, group, scheme):
         by_type[r["type"]] = by_type.get(r["type"], 0) + r["params"]
     counts = param_counts(model.cfg)
     assert by_type.get("embedding", 0) + by_type.get("head", 0) == counts["embedding"]
-    assert (by_type["attention"], by_type["mlp"], by_type["norm"]) == (counts["attention"], counts["mlp"], counts["norm"])
+    assert ((by_type["attention"], by_type["mlp"], by_type["norm"])
+            == (counts["attention"], counts["mlp"], counts["norm"]))
     assert ("head" in by_type) == (not tied)
     tokens = torch.tensor([[1, 5, 9, 2]])
     assert qm(tokens).shape == (1, 4, 64) and torch.isfinite(qm(tokens)).all()
@@ -160,8 +166,10 @@ def test_given_qtensors_replace_round_to_nearest():
     qm, _ = quantize_model(model, {"mlp": "int4"}, qtensors={"layers.0.mlp.w_up": custom})
     used = qm.layers[0].mlp.w_up.qweight
     assert torch.equal(used.codes, custom.codes) and used.scale is custom.scale
-    assert torch.equal(qm.layers[0].mlp.w_gate.qweight.codes, quantize(model.layers[0].mlp.w_gate.weight.detach()).codes)
-    with pytest.raises(ValueError, match=r"qtensors\['layers.0.mlp.w_up'\] must be a 8-bit asym QTensor of shape \(128, 64\)"):
+    assert torch.equal(qm.layers[0].mlp.w_gate.qweight.codes,
+                       quantize(model.layers[0].mlp.w_gate.weight.detach()).codes)
+    with pytest.raises(ValueError, match=r"qtensors\['layers.0.mlp.w_up'\] must be a 8-bit asym QTensor "
+                                         r"of shape \(128, 64\)"):
         quantize_model(model, {"mlp": "int8"}, qtensors={"layers.0.mlp.w_up": custom})
     # a QTensor of another group size or scheme than the model's is a mistake, not silently mixed in
     for kwargs in ({"group_size": 64}, {"scheme": "sym"}):
@@ -177,7 +185,8 @@ def test_given_qtensors_replace_round_to_nearest():
 def test_settings_are_one_checked_list():
     names = [s.name for s in SETTINGS]
     assert len(set(names)) == len(names) and SETTINGS[0] == Setting("FP32", {})
-    assert {"INT4 asym g32", "INT4 asym g64", "INT4 sym channel", "mixed: attn FP16, MLP INT4 g32, emb INT8"} <= set(names)
+    assert {"INT4 asym g32", "INT4 asym g64", "INT4 sym channel",
+            "mixed: attn FP16, MLP INT4 g32, emb INT8"} <= set(names)
     mixed = SETTINGS[-1]
     assert dict(mixed.policy) == {"attention": "fp16", "mlp": "int4", "embedding": "int8"}
     with pytest.raises(TypeError):

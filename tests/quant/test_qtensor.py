@@ -160,7 +160,8 @@ def test_bad_arguments_are_named(kwargs, error, message):
 
 
 @pytest.mark.parametrize("w, error, message", [
-    (torch.tensor([[1.0, float("nan")]]), ValueError, r"w must be finite \(no NaN or inf; the first one is at index \(0, 1\)\), got nan"),
+    (torch.tensor([[1.0, float("nan")]]), ValueError,
+     r"w must be finite \(no NaN or inf; the first one is at index \(0, 1\)\), got nan"),
     (torch.tensor([[float("inf"), 1.0]]), ValueError, "got inf"),
     (torch.zeros(0, 4), ValueError, "non-empty 2-D"),
     (torch.zeros(8), ValueError, r"got shape \(8,\)"),
@@ -234,7 +235,8 @@ def test_a_qtensor_checks_its_own_consistency():
     assert quant.QTensor(**fields).group_len == 32
     bad = [({"codes": q.codes.int()}, TypeError, "codes must be an int8 tensor, got torch.int32"),
            ({"codes": q.codes[:, :32]}, ValueError, r"codes must have shape \(4, 64\), got \(4, 32\)"),
-           ({"codes": q.codes.clone().fill_(8)}, ValueError, r"codes must be in \[-8, 7\] for 4 bits, got values in \[8, 8\]"),
+           ({"codes": q.codes.clone().fill_(8)}, ValueError,
+            r"codes must be in \[-8, 7\] for 4 bits, got values in \[8, 8\]"),
            ({"scale": q.scale[:, :1]}, ValueError, r"scale must have shape \(4, 2\), got \(4, 1\)"),
            ({"scale": q.zero}, TypeError, "scale must be a float tensor"),
            ({"zero": None}, TypeError, "zero must be an integer torch.Tensor, got NoneType"),

@@ -163,7 +163,8 @@ def test_sensitivity_against_direct_perplexities(pretrained):
     line = quality.sensitivity_lines(sens)[1]
     assert line.startswith(f"only mlp        in INT4 ({mlp.share:4.0%} of the weights): perplexity {mlp.delta:+.4f}")
     kinds = quality.SENSITIVE_KINDS
-    assert_refused(lambda: quality.sensitivity(model, text, kinds=("ffn",)), ValueError, "kinds", "ffn", f"one of {kinds}")
+    assert_refused(lambda: quality.sensitivity(model, text, kinds=("ffn",)), ValueError, "kinds", "ffn",
+                   f"one of {kinds}")
     assert_refused(lambda: quality.sensitivity(model, text, kinds=("norm",)), ValueError, "kinds", "norm", "one of")
     assert_refused(lambda: quality.sensitivity(model, text, kinds=(1,)), TypeError, "kinds", 1, "one of")
     assert_refused(lambda: quality.sensitivity(model, text, kinds="mlp"), TypeError, "kinds", "mlp",
@@ -196,7 +197,8 @@ def test_gptq_vs_rtn_against_direct_calls(pretrained):
     assert c.verdict == {"below": "GPTQ beats RTN", "above": "RTN beats GPTQ"}.get(c.paired.decision,
                                                                                   "within the noise between texts")
     assert c.line().startswith(f"INT4 sym group channel: perplexity vs FP32 RTN {c.rtn - c.base:+.4f}, GPTQ "
-                               f"{c.gptq - c.base:+.4f} (removes {c.removed:.0%} of RTN's increase); GPTQ - RTN over 2 pieces")
+                               f"{c.gptq - c.base:+.4f} (removes {c.removed:.0%} of RTN's increase); "
+                               "GPTQ - RTN over 2 pieces")
     assert_refused(lambda: quality.gptq_vs_rtn(model, text, cal, ((32, "nf4"),)), ValueError, "scheme", "nf4", "one of")
     assert_refused(lambda: quality.gptq_vs_rtn(model, text, cal, (32, "asym")), TypeError, "settings", (32, "asym"),
                    "(group_size, scheme) pairs")

@@ -135,7 +135,8 @@ def test_sparse_rows_are_sweep_rows_against_the_base():
               sparse.sparsify_model(model, bits=4)[0]]
     for row, m in zip(rows.values(), models):
         assert row["ppl"] == perplexity(m, text) and row["ok"] == task_correct(m, tasks)
-        assert row["retention"] == quality.retention(row["ok"], base["ok"]) and row["lost"] == len(tasks) - sum(row["ok"])
+        assert (row["retention"] == quality.retention(row["ok"], base["ok"])
+                and row["lost"] == len(tasks) - sum(row["ok"]))
     assert set(quality.ROW_KEYS) <= set(rows["attn+MLP 2:4"])  # notebook 03 prints them with the sweep's table
 
 

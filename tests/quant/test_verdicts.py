@@ -4,9 +4,9 @@
 Runs recorded with labkit.quant.speed.measure_matmuls on the course's 2-core machine (2026-12-01), in
 milliseconds per sweep over 8 matrices of 4096 x 4096 (each roof: one sum over 256 MiB):
   QUIET    09:43, steady (its roof on 1 thread: the steady rounds of the 09:48 run, which has one)
-  BUSY     09:48 while other helpers' torch jobs ran: INT4 on 2 threads collapsed in 3 of 9 rounds
+  BUSY     09:48 while other torch jobs ran: INT4 on 2 threads collapsed in 3 of 9 rounds
   SPOILED  09:47, the same: every figure moved by 2-5x
-  BROWSER  issue 10's figures (steady, one core taken): INT4 on 2 threads 0.5x FP32, on 1 thread 3.3x,
+  BROWSER  a steady run with a browser on one core: INT4 on 2 threads 0.5x FP32, on 1 thread 3.3x,
            FP32 at 19 GB/s
   ROOF_HIGH a roof read by another method (61.1 GB/s) against an FP32 that streams at 19 GB/s
 """
@@ -91,7 +91,8 @@ def test_a_spoiled_run_keeps_only_the_direction_its_repeats_separate():
 
 
 def test_a_steady_run_with_a_core_taken_does_not_say_int4_is_slower():
-    """Issue 10: with a browser on one core the notebook printed "INT4 is 0.5x the speed of FP32"."""
+    """With a browser on one core, the 2-thread ratio (0.5x) is unreliable and the 1-thread one is the headline:
+    the notebook must not print "INT4 is 0.5x the speed of FP32"."""
     v = verdicts.speed_verdicts(recorded(BROWSER))
     assert v["headline"].reliable and v["headline"].text.startswith("INT4 on 1 thread runs 3.3x as fast")
     assert not v["all threads"].reliable and v["all threads"].ratio == pytest.approx(0.5, abs=0.01)
@@ -100,7 +101,7 @@ def test_a_steady_run_with_a_core_taken_does_not_say_int4_is_slower():
 
 
 def test_a_roof_far_above_the_reference_is_not_believed():
-    """Issue 10: a 61.1 GB/s roof while FP32 streamed at 19 GB/s gave "INT4 is not memory-bound"."""
+    """A 61.1 GB/s roof while FP32 streams at 19 GB/s is unreliable: it must not give "INT4 is not memory-bound"."""
     v = verdicts.memory_bound(recorded(ROOF_HIGH))
     assert not v.reliable
     assert v.text == (f"{UNRELIABLE} (the FP32 reference read 19.0 GB/s, 31% of the 61.0 GB/s one thread reads, "

@@ -15,6 +15,7 @@ from labkit.serving.engine import Engine
 from labkit.serving.service import Service
 from labkit.tinylm import TASK_KINDS, generate, make_tasks
 from tests.refusals import assert_refused
+from tests.serving.answers import Recorder
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "tinylm"
@@ -22,10 +23,13 @@ MODEL = "tinylm"
 
 @contextmanager
 def serving(model, gate: threading.Event | None = None, **engine):
-    """A Service (its load held until `gate` is set, if given) behind uvicorn on a free loopback port."""
+    """A Service (its load held until `gate` is set, if given) behind uvicorn on a free loopback port. Every
+    answer it gives is held against its /openapi.json when the block ends (tests/serving/answers.py)."""
     svc = Service(lambda: (gate is None or gate.wait(60)) and Engine(model, **engine)).start()
     app = make_app(svc, MODEL)
-    srv = ServerThread(app).start()
+    schema = app.openapi()  # as served, before a test adds a route of its own
+    recorder = Recorder(app)
+    srv = ServerThread(recorder).start()
     try:
         yield svc, srv, app
     finally:
@@ -33,6 +37,7 @@ def serving(model, gate: threading.Event | None = None, **engine):
             gate.set()
         srv.stop()
         svc.stop()
+    assert recorder.answers and not recorder.undocumented(schema), recorder.undocumented(schema)
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +164,9 @@ BAD = [  # (endpoint, raw body, status, param, code)
     ("completions", {"model": "gpt-4", "prompt": "1+1="}, 404, "model", "model_not_found"),
     ("completions", {"model": MODEL}, 400, "prompt", "missing_required_parameter"),
     ("completions", {"model": MODEL, "prompt": 5}, 400, "prompt", "invalid_type"),
-    ("completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", "invalid_type"),
-    ("completions", {"model": MODEL, "prompt": [1, 2]}, 400, "prompt", "invalid_type"),
+    ("completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", "invalid_value"),  # a list of one
+    ("completions", {"model": MODEL, "prompt": [1, 2]}, 400, "prompt", "invalid_value"),
+    ("completions", {"model": MODEL, "prompt": [1]}, 400, "prompt[0]", "invalid_type"),  # token ids
     ("completions", {"model": MODEL, "prompt": ""}, 400, "prompt", "invalid_value"),
     ("completions", {"model": MODEL, "prompt": "\ud800"}, 400, "prompt", "invalid_value"),  # a lone surrogate
     ("completions", {"model": MODEL, "prompt": "1+1=" * 70}, 400, "prompt", "invalid_value"),  # > context
@@ -179,7 +185,7 @@ BAD = [  # (endpoint, raw body, status, param, code)
     ("completions", {"model": MODEL, "prompt": "a", "min_p": 2}, 400, "min_p", "invalid_value"),
     ("completions", {"model": MODEL, "prompt": "a", "seed": -1}, 400, "seed", "invalid_value"),
     ("completions", {"model": MODEL, "prompt": "a", "stop": 5}, 400, "stop", "invalid_type"),
-    ("completions", {"model": MODEL, "prompt": "a", "stop": [""]}, 400, "stop", "invalid_value"),
+    ("completions", {"model": MODEL, "prompt": "a", "stop": [""]}, 400, "stop[0]", "invalid_value"),
     ("completions", {"model": MODEL, "prompt": "a", "stop": list("abcde")}, 400, "stop", "invalid_value"),
     ("completions", {"model": MODEL, "prompt": "a", "n": 2}, 400, "n", "unsupported_value"),
     ("completions", {"model": MODEL, "prompt": "a", "logprobs": 3}, 400, "logprobs", "unsupported_value"),
@@ -188,13 +194,13 @@ BAD = [  # (endpoint, raw body, status, param, code)
     ("completions", {"model": MODEL, "prompt": "a", "stream_options": {"include_usage": True}}, 400,
      "stream_options", "invalid_value"),
     ("completions", {"model": MODEL, "prompt": "a", "stream": True, "stream_options": {"include_usage": 1}}, 400,
-     "stream_options", "invalid_type"),
+     "stream_options.include_usage", "invalid_type"),
     ("completions", {"model": MODEL, "prompt": "a", "best_effort": 1}, 400, "best_effort", "unknown_parameter"),
     ("chat/completions", {"model": MODEL}, 400, "messages", "missing_required_parameter"),
-    ("chat/completions", {"model": MODEL, "messages": []}, 400, "messages", "invalid_type"),
+    ("chat/completions", {"model": MODEL, "messages": []}, 400, "messages", "invalid_value"),
     ("chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages", "invalid_type"),
-    ("chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages",
-     "invalid_value"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400,
+     "messages[0].role", "invalid_value"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
      400, "messages[0].content[1].type", "invalid_value"),  # an image for the text-only TinyLM

@@ -1,8 +1,9 @@
 """The conventions a client of vLLM expects, against the in-process service (tests/serving/test_api.py's
-`serving`) with the real `openai` client and raw httpx: /openapi.json and /docs as vLLM serves them, a body that
-is not JSON refused with a 415 and OpenAI's error body, empty prompts and messages as vLLM treats them, and
-vLLM's spellings of the common options of `python -m labkit.serving`. Nothing here reaches the network (/docs
-is fetched from the local server; the CDN it names is never loaded)."""
+`serving`) with the real `openai` client and raw httpx: /openapi.json and /docs as vLLM serves them, every answer
+documented in /openapi.json and a 405 with its `Allow` header, a body that is not JSON refused with a 415 and
+OpenAI's error body, empty prompts and messages as vLLM treats them, and vLLM's spellings of the common options
+of `python -m labkit.serving`. Nothing here reaches the network (/docs is fetched from the local server; the CDN
+it names is never loaded)."""
 import httpx
 import jsonschema
 import openai
@@ -14,6 +15,7 @@ from labkit.cluster.router import Router, make_router_app
 from labkit.paths import TINYLM_CHECKPOINT
 from labkit.serving.__main__ import engine_loader, parse_args
 from labkit.serving.config import EngineConfig
+from tests.serving.answers import Answer, methods_not_served, undocumented
 from tests.serving.test_api import MODEL, reference, serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,14 +43,57 @@ def schema(server):
 
 
 def body_schema(schema: dict, path: str) -> dict:
-    return schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    """The request body's schema of POST `path`, with the components its $ref points into."""
+    body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return {**body, "components": schema["components"]}
+
+
+def required(schema: dict, path: str) -> list[str]:
+    return schema["components"]["schemas"][body_schema(schema, path)["$ref"].rsplit("/", 1)[1]]["required"]
 
 
 def test_openapi_json_describes_the_real_endpoints(schema):
     assert schema["openapi"].startswith("3.") and schema["info"]["title"] == "labkit serving"
     assert {path: set(ops) for path, ops in schema["paths"].items()} == {p: {m} for p, m in ENDPOINTS.items()}
-    assert body_schema(schema, "/v1/completions")["required"] == ["model", "prompt"]
-    assert body_schema(schema, "/v1/chat/completions")["required"] == ["model", "messages"]
+    assert required(schema, "/v1/completions") == ["model", "prompt"]
+    assert required(schema, "/v1/chat/completions") == ["model", "messages"]
+
+
+def answer(response: httpx.Response) -> Answer:
+    return Answer(response.request.method, response.request.url.path, response.status_code,
+                  response.headers.get("content-type"), response.headers.get("allow"))
+
+
+def test_every_answer_is_documented_in_openapi_json(server, schema):
+    """One request for each kind of answer (200 as JSON, as a stream, as text; 400, 404, 413, 415); each status and
+    media type is in the schema the server publishes (503 and 499: tests/serving/test_api.py's, held against it
+    by `serving`)."""
+    def post(path, **kw):
+        return httpx.post(server + path, timeout=60, **kw)
+    replies = [httpx.get(server + "/health"), httpx.get(server + "/v1/models"), httpx.get(server + "/metrics"),
+               httpx.get(server + f"/v1/models/{MODEL}"), httpx.get(server + "/v1/models/gpt-4"),
+               post("/v1/completions", json={"model": MODEL, "prompt": "1+1=", "max_tokens": 2}),
+               post("/v1/completions", json={"model": MODEL, "prompt": "1+1=", "max_tokens": 2, "stream": True}),
+               post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "1"}]}),
+               post("/v1/completions", json={"model": MODEL, "prompt": 5}),
+               post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"}),
+               post("/v1/completions", json={"model": "gpt-4", "prompt": "1+1="}),
+               post("/v1/completions", content=b"{}", headers={"content-type": "text/plain"}),
+               post("/v1/completions", json={"model": MODEL, "prompt": "a" * 1_000_001})]
+    assert [r.status_code for r in replies] == [200] * 4 + [404] + [200] * 3 + [400, 400, 404, 415, 413]
+    assert replies[2].headers["content-type"].startswith("text/plain")
+    assert replies[6].headers["content-type"].startswith("text/event-stream")
+    assert [why for r in replies if (why := undocumented(schema, answer(r)))] == []
+    bare = {**schema, "paths": {p: {m: {**op, "responses": {"200": op["responses"]["200"]}} for m, op in ops.items()}
+                                for p, ops in schema["paths"].items()}}
+    assert undocumented(bare, answer(replies[4])), "a schema without the 404 must not pass the check"
+
+
+def test_a_method_a_path_does_not_serve_is_a_405_whose_allow_names_those_it_does(server, schema):
+    r = httpx.put(server + "/v1/completions")
+    assert (r.status_code, r.headers["allow"], r.json()["error"]["code"]) == (405, "POST", "method_not_allowed")
+    assert httpx.delete(server + "/v1/models/tinylm").headers["allow"] == "GET"
+    assert methods_not_served(server, schema) == []
 
 
 @pytest.mark.parametrize("path, body", [
@@ -105,14 +150,14 @@ def test_json_with_parameters_or_in_capitals_is_json(server, model, tok, content
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == reference(model, tok, "12+7=", 5), r.text
 
 
-@pytest.mark.parametrize("prompt", ["", [""]])
-def test_an_empty_prompt_is_refused_naming_prompt_as_vllm_does(client, prompt):
+@pytest.mark.parametrize("prompt, param", [("", "prompt"), ([""], "prompt[0]")])
+def test_an_empty_prompt_is_refused_naming_prompt_as_vllm_does(client, prompt, param):
     """vLLM's CompletionRequest refuses "" with a 400, param "prompt": "Either prompt or prompt_embeds must be
-    provided and non-empty." (this server takes no prompt_embeds)."""
+    provided and non-empty." (this server takes no prompt_embeds); in a list of one, the param is the element."""
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
-    assert (info.value.status_code, info.value.param, info.value.code) == (400, "prompt", "invalid_value")
-    assert info.value.body["message"] == "prompt must be a non-empty string, got ''"
+    assert (info.value.status_code, info.value.param, info.value.code) == (400, param, "invalid_value")
+    assert info.value.body["message"] == f"{param} must be a non-empty string, got ''"
 
 
 def test_an_empty_message_among_others_is_served(client, model, tok):

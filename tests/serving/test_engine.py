@@ -226,8 +226,8 @@ def test_the_naive_image_cache_is_a_flag_of_the_engine(model):
 
 @pytest.mark.parametrize("num_blocks, block_size", [(64, 8), (64, 32), (1024, 8), (8, 16)])
 def test_an_engine_over_a_runner_uses_the_runners_pool(model, prompts, num_blocks, block_size):
-    """Issue 26: the engine built its block manager from its own defaults (512 blocks of 16) whatever pool the
-    runner had allocated: 0 of 6 outputs right, or an IndexError past the pool."""
+    """The engine builds its block manager from the runner's pool, not its own defaults (512 blocks of 16), which
+    would give wrong outputs or an IndexError past the pool."""
     engine = Engine(runner=ModelRunner(model, num_blocks, block_size), clock=StepCost())
     assert (engine.block_manager.num_blocks, engine.block_manager.block_size) == (num_blocks, block_size)
     assert (engine.config.num_blocks, engine.config.block_size) == (num_blocks, block_size)
@@ -262,9 +262,9 @@ class BrokenRunner(ModelRunner):
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 def test_a_runner_failure_ends_that_steps_requests_and_the_engine_goes_on(model, prompts, preemption):
-    """Issue 26: after a runner's IndexError the requests stayed running with their blocks held and every
-    later step raised again. Now the step's requests end with "error", their blocks are freed, the engine
-    keeps working (also with swapped requests: a small pool forces preemption)."""
+    """After a runner's IndexError the step's requests end with "error", their blocks are freed and the engine
+    keeps working, rather than later steps raising again (also with swapped requests: a small pool forces
+    preemption)."""
     engine = Engine(runner=BrokenRunner(model, 12, 16, fail_on={6}), preemption=preemption, clock=StepCost())
     ids = [engine.add_request(p, GREEDY) for p in prompts[:6]]
     with pytest.raises(IndexError):

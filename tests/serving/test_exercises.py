@@ -1,7 +1,7 @@
 """Notebook 06's exercises: each reference passes its own check, common mistakes fail it, a stub gets the
 reference, and the notebook's solutions (written out here independently, as a learner would) pass. The
-admission rule is checked against the real Scheduler; top-p and TPOT against brute force."""
-import itertools
+admission rule is checked against the real Scheduler; top-p against the sampling module and brute force; TPOT
+against its definition."""
 import math
 
 import pytest
@@ -9,17 +9,17 @@ import torch
 
 from labkit.kv_cache import BlockManager
 from labkit.rng import Rng
-from labkit.serving import SamplingParams, exercises as ex
+from labkit.serving import SamplingParams, exercises as ex, probabilities
 from labkit.serving.config import EngineConfig
 from labkit.serving.scheduler import Scheduler
 from labkit.serving.sequence import Sequence, Status
 
 
 def top_p_filter(probs, p):
-    order = torch.argsort(probs, descending=True)
-    before = torch.cumsum(probs[order], 0) - probs[order]
-    kept = torch.zeros_like(probs)
-    kept[order[before < p]] = probs[order[before < p]]
+    ranked = torch.sort(probs, descending=True).values
+    before = torch.cumsum(ranked, 0) - ranked         # mass ranked ahead of each
+    last = ranked[int((before < p).sum()) - 1]        # the least likely token kept: the one that reaches p
+    kept = torch.where(probs >= last, probs, 0.0)     # with every token tied with it
     return kept / kept.sum()
 
 
@@ -52,6 +52,14 @@ def test_the_notebook_solutions_and_the_references_pass(capsys):
     assert capsys.readouterr().out.count("[PASS]") == 2 * len(EXERCISES)
 
 
+def top_p_by_sort_position(probs, p):  # splits a tie at the threshold by where argsort put the tokens
+    order = torch.argsort(probs, descending=True)
+    before = torch.cumsum(probs[order], 0) - probs[order]
+    kept = torch.zeros_like(probs)
+    kept[order[before < p]] = probs[order[before < p]]
+    return kept / kept.sum()
+
+
 def top_p_without_the_crossing_token(probs, p):
     order = torch.argsort(probs, descending=True)
     kept = torch.zeros_like(probs)
@@ -67,6 +75,7 @@ def admit_shortest_first(running, waiting, budget, free_blocks, block_size, max_
 
 @pytest.mark.parametrize("fn, exercise", [
     (top_p_without_the_crossing_token, ex.TOP_P),
+    (top_p_by_sort_position, ex.TOP_P),
     (lambda probs, p: probs, ex.TOP_P),                                                       # no filter
     (lambda probs, p: torch.where(top_p_filter(probs, p) > 0, probs, 0.0), ex.TOP_P),       # not renormalised
     (admit_shortest_first, ex.ADMIT),
@@ -75,8 +84,8 @@ def admit_shortest_first(running, waiting, budget, free_blocks, block_size, max_
     (lambda a, t: (t[-1] - a) / len(t), ex.TPOT),                                             # E2E / tokens
     (lambda a, t: (t[-1] - t[0]) / len(t) if len(t) > 1 else None, ex.TPOT),                  # divides by n
     (lambda a, t: (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else 0.0, ex.TPOT),             # 0 for one token
-], ids=["drops the crossing token", "no filter", "not renormalised", "overtakes", "decodes cost nothing",
-        "no blocks", "e2e over tokens", "divides by n", "zero for one token"])
+], ids=["drops the crossing token", "ties by sort position", "no filter", "not renormalised", "overtakes",
+        "decodes cost nothing", "no blocks", "e2e over tokens", "divides by n", "zero for one token"])
 def test_common_mistakes_fail(fn, exercise, capsys):
     assert exercise.check(fn) is exercise.reference  # the notebook goes on with the reference
     assert capsys.readouterr().out.startswith("[FAIL]")
@@ -92,21 +101,50 @@ def test_a_stub_is_todo(exercise, capsys):
 # --- the references against independent ones ---------------------------------------------------------------
 
 def brute_top_p(probs, p):
-    """The smallest subset (by size, then by mass) of most likely tokens whose mass reaches p, by enumeration."""
-    v = len(probs)
-    for size in range(1, v + 1):
-        best = max(itertools.combinations(range(v), size), key=lambda s: sum(probs[i] for i in s))
-        if sum(probs[i] for i in best) >= p - 1e-12:
-            out = torch.zeros(v, dtype=torch.float64)
-            out[list(best)] = probs[list(best)]
-            return out / out.sum()
+    """Every set that keeps all tokens at or above some probability (the sets that never split a tie), smallest
+    first: the first whose mass reaches p."""
+    for threshold in sorted(set(probs.tolist()), reverse=True):
+        kept = torch.where(probs >= threshold, probs, 0.0)
+        if kept.sum() >= p:
+            return kept / kept.sum()
 
 
-def test_top_p_reference_is_the_smallest_set_reaching_p():
+def on_a_boundary(probs, p):
+    """Whether p equals a cumulative sum of the sorted probabilities: where rounding in softmax(log(probs))
+    decides whether the next token is kept."""
+    return any(abs(c - p) < 1e-12 for c in torch.cumsum(torch.sort(probs, descending=True).values, 0).tolist())
+
+
+def test_top_p_reference_is_the_smallest_tie_closed_set_and_the_sampling_modules():
     rng = Rng(5)
-    for _ in range(40):
-        probs, p = ex._random_probs(rng, 2 + rng.below(7)), (1 + rng.below(99)) / 100
-        assert torch.allclose(ex.top_p_filter(probs, p), brute_top_p(probs, p), atol=1e-12)
+    cases = list(ex.TOP_P.cases) + [ex.random_top_p_case(rng) for _ in range(300)]
+    assert sum(len(set(probs.tolist())) < len(probs) for probs, _ in cases) > 100  # ties are common
+    for probs, p in cases:
+        got = ex.top_p_filter(probs, p)
+        assert torch.allclose(got, brute_top_p(probs, p), atol=1e-12), (probs, p)
+        if not on_a_boundary(probs, p):
+            module = probabilities(torch.log(probs), SamplingParams(temperature=1.0, top_p=p))
+            assert torch.equal(got > 0, module > 0) and torch.allclose(got, module, atol=1e-12), (probs, p)
+
+
+def test_top_p_does_not_depend_on_the_order_of_the_vocabulary():
+    rng = Rng(8)
+    for _ in range(100):
+        probs, p = ex.random_top_p_case(rng)
+        perm = torch.randperm(len(probs), generator=torch.Generator().manual_seed(rng.below(2**31)))
+        shuffled, kept = ex.top_p_filter(probs[perm], p), ex.top_p_filter(probs, p)[perm]
+        assert torch.equal(shuffled > 0, kept > 0) and torch.allclose(shuffled, kept, atol=1e-15)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((torch.tensor([0.5, 0.5]), 0.5), ValueError, "probs must be a 1-D float64"),
+    ((torch.tensor([[0.5, 0.5]], dtype=torch.float64), 0.5), ValueError, "probs must be a 1-D float64"),
+    (([0.5, 0.5], 0.5), TypeError, "probs must be"),
+    ((torch.tensor([0.5, 0.5], dtype=torch.float64), 0.0), ValueError, "p must be a number in"),
+    ((torch.tensor([0.5, 0.5], dtype=torch.float64), 1.5), ValueError, "p must be")])
+def test_top_p_refuses_bad_input_by_name(args, error, match):
+    with pytest.raises(error, match=match):
+        ex.top_p_filter(*args)
 
 
 def scheduler_admits(running, waiting, budget, free_blocks, block_size, max_num_seqs):
@@ -157,7 +195,7 @@ def test_random_cases_are_valid_inputs():
     rng = Rng(3)
     for _ in range(50):
         probs, p = ex.random_top_p_case(rng)
-        assert abs(probs.sum().item() - 1) < 1e-9 and 0 < p < 1 and probs.dtype == torch.float64
+        assert abs(probs.sum().item() - 1) < 1e-9 and 0 < p <= 1 and probs.dtype == torch.float64
         running, waiting, budget, free, bs, m = ex.random_admit_case(rng)
         assert len(running) <= m <= budget and free >= sum(1 for n in running if n % bs == 0)
         arrival, times = ex.random_tpot_case(rng)

@@ -172,7 +172,7 @@ def test_bad_summaries_are_refused():
     assert_refused(lambda: summarize([A], start=1.5), ValueError, "start", 1.5, "no later than the first arrival")
     assert_refused(lambda: summarize(A), TypeError, "records", A, "a list of Records")
     assert_refused(lambda: summarize([]), ValueError, "records", "0 records, 0 failed", "at least one completed")
-    assert_refused(lambda: summarize([RequestTimes("a", 1.0, (1.0,), 3)]), ValueError, "records", "every token at 1.0 s",
-                   "a duration > 0")
+    assert_refused(lambda: summarize([RequestTimes("a", 1.0, (1.0,), 3)]), ValueError, "records",
+                   "every token at 1.0 s", "a duration > 0")
     assert_refused(lambda: percentile([], 50), ValueError, "values", [], "at least one number")
     assert_refused(lambda: percentile([1.0], 150), ValueError, "q", 150, "in [0, 100]")

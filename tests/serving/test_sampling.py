@@ -179,7 +179,8 @@ def test_a_refused_batch_advances_no_generator():
     ("top_p", None, TypeError, "a finite number"),
     ("min_p", -0.1, ValueError, "in [0, 1]"), ("min_p", 1.1, ValueError, "in [0, 1]"),
     ("min_p", "0", TypeError, "a finite number"),
-    ("seed", -1, ValueError, "an int in [0, 18446744073709551615]"), ("seed", 1.0, TypeError, "an int in [0, 18446744073709551615]"),
+    ("seed", -1, ValueError, "an int in [0, 18446744073709551615]"),
+    ("seed", 1.0, TypeError, "an int in [0, 18446744073709551615]"),
     ("stop_token_ids", "ab", TypeError, "a tuple of token ids"), ("stop_token_ids", (1, -2), TypeError, "token ids"),
     ("stop_token_ids", [1.0], TypeError, "token ids"),
 ])

@@ -249,9 +249,9 @@ def test_the_service_with_tp_2_answers_as_with_tp_1(tok):
 
 @pytest.mark.timeout(120)
 def test_the_modules_example_an_engine_over_a_runner_it_did_not_size(model, some, reference, pool):
-    """Issue 26: labkit.serving.tp's docstring example (a TPRunner of 256 blocks, then Engine(runner=runner))
-    ended in RankError (an IndexError on the ranks): the engine sized its own pool. Also a runner far smaller
-    than the engine's default, which forces preemption."""
+    """labkit.serving.tp's docstring example (a TPRunner of 256 blocks, then Engine(runner=runner)) runs: the
+    engine takes the runner's pool instead of sizing its own (which would end in RankError, an IndexError on the
+    ranks). Also a runner far smaller than the engine's default, which forces preemption."""
     for num_blocks in (256, 16):
         runner = TPRunner(model, tp=2, num_blocks=num_blocks, block_size=16, pool=pool)
         try:

@@ -19,9 +19,9 @@ CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
 
 def softmax_by_hand(logits, temperature, top_k=None):
     """Probabilities from plain Python floats: exp((l - max) / T) over the top_k largest finite logits."""
-    finite = sorted((l for l in logits if l != -math.inf), reverse=True)
+    finite = sorted((x for x in logits if x != -math.inf), reverse=True)
     kth = finite[min(top_k, len(finite)) - 1] if top_k else -math.inf
-    weights = [math.exp((l - finite[0]) / temperature) if l != -math.inf and l >= kth else 0.0 for l in logits]
+    weights = [math.exp((x - finite[0]) / temperature) if x != -math.inf and x >= kth else 0.0 for x in logits]
     return [w / sum(weights) for w in weights]
 
 

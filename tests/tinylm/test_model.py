@@ -150,7 +150,8 @@ def test_attention_reads_its_head_counts_from_its_projections():
     x = torch.randn(2, 5, cfg.d_model)
     with torch.no_grad():
         q, k, v = attn.qkv(x)
-        assert q.shape == (2, cfg.n_heads, 5, cfg.head_dim) and k.shape == v.shape == (2, cfg.n_kv_heads, 5, cfg.head_dim)
+        assert (q.shape == (2, cfg.n_heads, 5, cfg.head_dim)
+                and k.shape == v.shape == (2, cfg.n_kv_heads, 5, cfg.head_dim))
         hd = cfg.head_dim  # keep query heads 2..3 and their KV head 1: a tensor-parallel rank's attention
         for name, rows in (("wq", slice(2 * hd, 4 * hd)), ("wk", slice(hd, 2 * hd)), ("wv", slice(hd, 2 * hd))):
             getattr(attn, name).weight = torch.nn.Parameter(getattr(attn, name).weight[rows])

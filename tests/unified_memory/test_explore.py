@@ -43,8 +43,8 @@ def test_oversubscription_cliff_and_link_share():
 def test_replay_steps_by_hand():
     # 4 frames, tokens read pages 0..3, 0..5, 0..5: token 2 hits 0..3 and faults on 4, 5; token 3 is an
     # LRU sweep larger than the device: all 6 fault, each evicting a page
-    um, rows = ux.replay_steps([np.arange(4), np.arange(6), np.arange(6)], 8, 4, fault_latency=1e-5, link_bandwidth=4096 / 1e-6,
-                               device_bandwidth=1e30)
+    um, rows = ux.replay_steps([np.arange(4), np.arange(6), np.arange(6)], 8, 4, fault_latency=1e-5,
+                               link_bandwidth=4096 / 1e-6, device_bandwidth=1e30)
     assert [(r["accesses"], r["faults"]) for r in rows] == [(4, 4), (6, 2), (6, 6)]
     # token 3: 6 pages in, 6 out (the device was full): 12 us of transfer, 60 us of latency
     assert rows[2]["transfer_s"] == pytest.approx(12e-6) and rows[2]["latency_s"] == pytest.approx(60e-6)

@@ -60,7 +60,8 @@ def test_a_transfer_ends_where_a_brute_force_integration_says(start, nbytes, bus
         mid = t + dt / 2
         rate = 10.0 * (1 - busy * (s <= mid % 1.5 < e))
         got, t = got + rate * dt, t + dt
-    assert t == pytest.approx(end, abs=2 * dt / (1 - busy))  # a step across a phase edge: dt x full rate at the slow rate
+    # a step across a phase edge: dt x full rate at the slow rate
+    assert t == pytest.approx(end, abs=2 * dt / (1 - busy))
 
 
 def reference(log: FaultLog, links, route, shares=None, window=0.05):

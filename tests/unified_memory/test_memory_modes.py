@@ -84,7 +84,7 @@ def test_hand_counted_example():
 
 
 def test_history_dependence_beats_the_steady_state_bound():
-    # The review's counterexample: 13 short then 5 long 2 GB requests at t=0, 80 GB, two 14 GB models.
+    # A counterexample to the steady-state bound: 13 short then 5 long 2 GB requests at t=0, 80 GB, two 14 GB models.
     # STATIC: tenant 0 has 40 - 14 = 26 GB: the 13 short ones fit, the 5 long ones go to the host.
     # DYNAMIC: 64 - 28 = 36 GB: all 18 fit. Utilization by hand:
     cap, steps = 80 * GB, 400
@@ -100,7 +100,8 @@ def test_history_dependence_beats_the_steady_state_bound():
 def test_dynamic_lends_an_idle_tenants_memory_and_static_does_not():
     cap, steps = 100 * GB, 200
     reqs = make_requests(steps, [1.0, 0.0], [4 * GB, 1 * GB], mean_duration=20, seed=1)  # tenant B idle
-    res = {m: simulate_tenants(configure_memory(m, cap), [10 * GB, 10 * GB], [0.5, 0.5], reqs, steps) for m in MemoryMode}
+    res = {m: simulate_tenants(configure_memory(m, cap), [10 * GB, 10 * GB], [0.5, 0.5], reqs, steps)
+           for m in MemoryMode}
     assert res[MemoryMode.STATIC]["peak"] <= 0.5 + 0.1 + 1e-9  # A never gets more than its half (+ B's weights)
     assert res[MemoryMode.DYNAMIC]["failed"] < res[MemoryMode.STATIC]["failed"]
     assert res[MemoryMode.DYNAMIC]["utilization"] > res[MemoryMode.STATIC]["utilization"]
@@ -145,7 +146,7 @@ def test_bad_input():
 @pytest.mark.parametrize("mode", ["static", "dynamic", "hybrid"])
 def test_every_request_gives_back_what_it_took(mode):
     """After the last request has ended, every pool holds exactly the weights again (a request of zero or
-    negative duration used to keep its memory forever)."""
+    negative duration must not keep its memory forever)."""
     requests = make_requests(60, [0.5, 0.3], [2, 3], mean_duration=5, seed=1)
     r = simulate_tenants(configure_memory(mode, 100), [10, 10], [0.5, 0.5], requests, 200)
     last_end = max(t + d for t, _, _, d in requests)
