@@ -159,7 +159,7 @@ def read_tensors(release: Release, wanted: dict[str, tuple[str, tuple[slice, ...
     for f in files:
         try:
             handles[f] = safe_open(str(release.folder / f), "pt")
-        except Exception as e:  # noqa: BLE001: the library's own errors, reworded with the file
+        except Exception as e:  # noqa: BLE001 (the library's own errors, reworded with the file)
             raise ReleaseError(f"{f}: cannot be opened ({type(e).__name__}: {e})") from None
 
     def one(name: str):

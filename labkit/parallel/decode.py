@@ -86,7 +86,8 @@ class DecodeReport:
         one = self.link.collective("all_reduce", self.message_bytes, self.tp_degree)
         paid = (self.tp_step - self.single_step / self.tp_degree) / self.collectives
         head = (f"alpha-beta prediction {self.predicted * 1e3:.2f} ms/token (compute / {self.tp_degree} + "
-                f"{self.collectives} collectives at about {one * 1e3:.2f} ms), measured {self.tp_step * 1e3:.2f} ms: ")
+                f"{self.collectives - 1} all-reduces at about {one * 1e3:.2f} ms + the logits' all-gather), "
+                f"measured {self.tp_step * 1e3:.2f} ms: ")
         if 0.5 <= ratio <= 2:
             return head + f"measured / predicted {ratio:.2f}, within 2x"
         return head + (f"measured / predicted {ratio:.2f}, outside 2x: the step paid {paid * 1e3:.2f} ms per "

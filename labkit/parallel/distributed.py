@@ -76,7 +76,7 @@ def _worker(rank: int, world: int, port: int, timeout: float, threads: int, inbo
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=span)
         dist.barrier()
         outbox.put(("ready", rank, 0, b""))
-    except BaseException as e:  # noqa: BLE001: report anything to the parent
+    except BaseException as e:  # noqa: BLE001 (report anything to the parent)
         outbox.put(("error", rank, 0, pickle.dumps((type(e).__name__, str(e), traceback.format_exc()))))
         return
     parent = os.getppid()

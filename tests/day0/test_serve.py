@@ -232,7 +232,7 @@ BAD_IMAGES = [  # (content parts, the param the 400 names)
     ([{"type": "text", "text": "a"}, image_part(Image.new("RGB", (1100, 1000)))],  # over 2**20 pixels
      "messages[0].content[1].image_url.url"),
     ([image_part(Image.new("RGB", (32, 32)))] * 3, "messages[0].content[2]"),  # small_config: 2 images at most
-    ([{"type": "image_url", "image_url": {"link": "x"}}], "messages[0].content[0].image_url"),
+    ([{"type": "image_url", "image_url": {"link": "x"}}], "messages[0].content[0].image_url.url"),  # missing
 ]
 
 
@@ -244,7 +244,8 @@ def test_bad_images_get_400_naming_the_field_and_the_service_keeps_serving(servi
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert (error["param"], error["type"]) == (param, "invalid_request_error"), error
-        assert error["message"].startswith(param + " must be "), error
+        says = " is a required field" if error["code"] == "missing_required_parameter" else " must be "
+        assert error["message"].startswith(param + says), error
     with pytest.raises(openai.BadRequestError):
         chat(services[2], ask("http://example.com/a.png"))
     assert chat(services[2], ask(images[0])).choices[0].message.content == \
