@@ -23,7 +23,8 @@ from dataclasses import replace
 
 from .._checks import check_choice, check_int, check_positive, check_positive_int, check_type, fail
 from ..memory_wall import footprint as lab01
-from ..parallel import Hardware, Plan, Workload, plan as plan_layouts, tensor
+from ..parallel import USABLE, Hardware, Plan, Workload, tensor
+from ..parallel import plan as plan_layouts
 from ..specs import ModelSpec, device, device_names
 from .config import TinyVLMConfig
 
@@ -189,7 +190,7 @@ def _runnable(cfg: TinyVLMConfig, plans: list[Plan], memory_bytes: int | None, u
 
 def plan_cluster(cfg: TinyVLMConfig, devices: int = 2, device_name: str = "rtx-4090", memory_bytes: int | None = None,
                  max_num_seqs: int = 4, max_seq_len: int | None = None, dtype_bytes: float = 2,
-                 link: str = "pcie4-x16", objective: str = "throughput", usable: float = 0.9) -> list[Plan]:
+                 link: str = "pcie4-x16", objective: str = "throughput", usable: float = USABLE) -> list[Plan]:
     """Lab 04's planner on the decoder over `devices` devices of one node (this laptop's cores as ranks: a
     spec-sheet device, `device_name`, whose memory is cut to `memory_bytes` per device when given), batch
     max_num_seqs, context max_seq_len (default the model's). Every TP x PP x DP layout, best first; layouts

@@ -21,11 +21,11 @@ from . import (collectives, decode, dtensor, exercises, expert, explore, gloo, h
 from .collectives import ring_all_reduce
 from .distributed import Pool, RankError, shared_pool
 from .linkmodel import LinkModel, bus_bandwidth
-from .planner import Hardware, Plan, Workload, plan
+from .planner import USABLE, Hardware, Plan, Workload, plan
 from .schedule import bubble_fraction, megatron_bubble
 from .tensor import tensor_parallel_generate, tensor_parallel_logits
 
 __all__ = ["collectives", "decode", "dtensor", "exercises", "expert", "explore", "gloo", "hierarchical", "linkmodel",
            "overlap", "overlap_cases", "pipeline", "planner", "schedule", "tensor", "ring_all_reduce", "Pool",
-           "RankError", "shared_pool", "LinkModel", "bus_bandwidth", "Hardware", "Plan", "Workload", "plan",
+           "RankError", "shared_pool", "LinkModel", "bus_bandwidth", "Hardware", "Plan", "Workload", "plan", "USABLE",
            "bubble_fraction", "megatron_bubble", "tensor_parallel_generate", "tensor_parallel_logits"]

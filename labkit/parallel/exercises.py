@@ -18,6 +18,7 @@ from ..course import Exercise
 from ..rng import Rng
 from ..specs import device, model
 from .collectives import ring_all_reduce
+from .planner import USABLE
 from .schedule import bubble_fraction
 
 
@@ -66,7 +67,6 @@ BUBBLE = Exercise("bubble_fraction", bubble_fraction, cases=[(4, 8), (1, 5), (8,
                   random_case=random_pipeline, rtol=1e-12)
 
 
-USABLE = 0.9  # the share of a card's memory a layout may fill (labkit.parallel.planner's default)
 DENSE_KV_MODELS = ("tinylm", "opt-13b", "llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "gpt3-175b",
                    "mixtral-8x7b", "dense-320b", "llama-3.1-405b", "moe-3t")  # presets with KV heads (no MLA)
 CARDS = ("rtx-4090", "a100-80gb", "h100-sxm", "h200", "mi300x")

@@ -32,6 +32,8 @@ from .linkmodel import LinkModel
 
 OBJECTIVES = ("throughput", "latency")
 
+USABLE = 0.9  # the share of a device's memory a layout may fill (weights, KV cache, activations)
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -137,7 +139,7 @@ def _reason(spec: ModelSpec, cl: Hardware, tp: int, pp: int, ep: int) -> str:
     return ""
 
 
-def estimate(spec: ModelSpec, cl: Hardware, wl: Workload, tp: int, pp: int, ep: int, usable: float = 0.9) -> Plan:
+def estimate(spec: ModelSpec, cl: Hardware, wl: Workload, tp: int, pp: int, ep: int, usable: float = USABLE) -> Plan:
     """The Plan of one layout (see the module docstring), rejected or not. tp, pp, ep: positive ints."""
     for name, degree in (("tp", tp), ("pp", pp), ("ep", ep)):
         check_positive_int(name, degree, unit="a parallel degree: 1 means no split")
@@ -194,7 +196,7 @@ def _notes(layers: int, pp: int, largest: int, batch: int, ep: int, seqs: int) -
 
 
 def plan(spec: ModelSpec | str, cluster: Hardware, workload: Workload = Workload(),
-         objective: str = "throughput", usable: float = 0.9) -> list[Plan]:
+         objective: str = "throughput", usable: float = USABLE) -> list[Plan]:
     """Every TP x PP x EP layout of `spec` on `cluster` (DP fills the rest), best first by `objective`
     ("throughput": most tokens/s over all replicas; "latency": least seconds per token); the rejected
     layouts follow, each with its reason. PP runs over the divisors of the layer count and the powers of 2
@@ -214,7 +216,7 @@ def plan(spec: ModelSpec | str, cluster: Hardware, workload: Workload = Workload
 
 
 def best(spec: ModelSpec | str, cluster: Hardware, workload: Workload = Workload(), objective: str = "throughput",
-         usable: float = 0.9) -> Plan:
+         usable: float = USABLE) -> Plan:
     """The best plan, or a ValueError naming why the nearest miss failed when none fits."""
     plans = plan(spec, cluster, workload, objective, usable)
     if not plans or not plans[0].fits:
@@ -246,7 +248,7 @@ def tp_decode_seconds(spec: ModelSpec, dev: str, link: str, tp: int, weight_byte
     return read + 2 * spec.n_layers * LinkModel.from_spec(link).collective("all_reduce", hidden, tp)
 
 
-def tp_fits(spec: ModelSpec, dev: str, tp: int, weight_bytes: float = 2, usable: float = 0.9) -> bool:
+def tp_fits(spec: ModelSpec, dev: str, tp: int, weight_bytes: float = 2, usable: float = USABLE) -> bool:
     """Whether 1/tp of the weights (bytes: n_params x weight_bytes / tp) fits in `usable` of one device's
     memory: the weights alone, as at batch 1 with a short context (notebook 04, section 3)."""
     check_type("spec", spec, ModelSpec)
@@ -256,7 +258,7 @@ def tp_fits(spec: ModelSpec, dev: str, tp: int, weight_bytes: float = 2, usable:
 
 
 def best_decode_tp(spec: ModelSpec, dev: str, link: str, tps=(1, 2, 4, 8), weight_bytes: float = 2,
-                   usable: float = 0.9) -> int | None:
+                   usable: float = USABLE) -> int | None:
     """The degree of `tps` with the least tp_decode_seconds among those whose weights fit (tp_fits); None
     when none fits: a layout that does not fit is never the best."""
     fitting = [t for t in tps if tp_fits(spec, dev, t, weight_bytes, usable)]

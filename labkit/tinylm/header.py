@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .._checks import is_int
+from .._checks import check_type, is_int
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header (bytes)
@@ -50,7 +51,7 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     naming the file for a missing, truncated or corrupted one: bad length or JSON, a bad entry, a dtype other than
     SAFETENSORS_DTYPES' keys, offsets that disagree with the shape, overlap, or run past the end of the file (the
     message then names the first tensor cut)."""
-    path = Path(path)
+    path = Path(check_type("path", path, (str, os.PathLike), "a safetensors file's path (str or pathlib.Path)"))
     if not path.is_file():
         raise HeaderError(f"{path.name}: missing from {path.parent}")
     size = path.stat().st_size

@@ -63,3 +63,5 @@ def test_a_corrupted_header_is_refused(tmp_path):
         read_header(path)
     with pytest.raises(HeaderError, match="missing from"):
         read_header(tmp_path / "none.safetensors")
+    with pytest.raises(TypeError, match="path must be a safetensors file's path"):
+        read_header(3)
